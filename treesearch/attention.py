@@ -1,0 +1,164 @@
+"""Shared-prefix attention, registered with transformers' AttentionInterface as "treesearch".
+
+A running batch (`BatchKV`) attends over two kinds of keys:
+- cached segments (`treesearch.kvstore`): K/V read in place, one matmul per distinct
+  (segment, used) pair for all the rows that share it; no copy, whatever the batch size;
+- the batch's own buffer: each row's new prompt tokens and generated tokens, causal.
+
+The partial results are merged exactly with log-sum-exp weights (the Hydragen decomposition):
+for key sets A and B with partial outputs o_A, o_B and log-normalisers l_A, l_B,
+    softmax(q K^T) V over A u B = (e^{l_A} o_A + e^{l_B} o_B) / (e^{l_A} + e^{l_B}).
+Grouped-query attention is handled by folding the query-group axis into the query rows, so
+K/V heads are never repeated.
+
+Called without a `ts_batch` keyword (e.g. by `model.generate`), the function is plain SDPA.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .kvstore import Chain
+
+ATTN_NAME = "treesearch"
+
+
+class BatchKV:
+    """K/V of one running batch: a per-row local buffer plus the cached chains each row extends."""
+
+    def __init__(self, num_layers: int, batch: int, kv_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype, device: Any) -> None:
+        # shape [L, B, Hkv, cap, d]
+        self.k = torch.zeros(num_layers, batch, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
+        self.groups: list[tuple[Any, int, torch.Tensor | None]] = []
+        self._write = 0
+        self._n = 0
+        self._mask: torch.Tensor | None = None
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def set_chains(self, chains: list[Chain]) -> None:
+        """Group rows by the cached (segment, used) pairs they attend over."""
+        by_key: dict[tuple[int, int], tuple[Any, int, list[int]]] = {}
+        for row, chain in enumerate(chains):
+            for seg, used in chain:
+                assert seg.kv is not None, f"segment {seg.id} is not resident; recompute it before attending"
+                by_key.setdefault((seg.id, used), (seg, used, []))[2].append(row)
+        b = len(chains)
+        self.groups = [
+            (seg, used, None if len(rows) == b else torch.tensor(rows, dtype=torch.long, device=self.k.device))
+            for seg, used, rows in by_key.values()
+        ]
+
+    def begin(self, write_pos: int, new_valid: torch.Tensor) -> None:
+        """Prepare a forward whose n new tokens per row go to buffer positions write_pos..write_pos+n."""
+        n = new_valid.shape[1]
+        self.valid[:, write_pos:write_pos + n] = new_valid
+        self._write, self._n = write_pos, n
+        t = write_pos + n
+        keys = self.valid[:, :t]  # [B, T]
+        if n > 1:
+            qpos = write_pos + torch.arange(n, device=self.k.device)
+            causal = torch.arange(t, device=self.k.device)[None, :] <= qpos[:, None]  # [n, T]
+            mask = keys[:, None, :] & causal[None]  # [B, n, T]
+        else:
+            mask = keys[:, None, :]
+        self._mask = mask
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+        """q [B, H, n, d], k/v [B, Hkv, n, d] (new tokens, RoPE applied) -> output [B, n, H, d]."""
+        bsz, heads, n, d = q.shape
+        hkv = k.shape[1]
+        g = heads // hkv
+        w, t = self._write, self._write + n
+        self.k[layer, :, :, w:t] = k
+        self.v[layer, :, :, w:t] = v
+        qg = q.reshape(bsz, hkv, g * n, d)  # head h uses kv head h // g
+        mask = self._mask[:, None, None].expand(bsz, 1, g, n, t).reshape(bsz, 1, g * n, t)
+        scores = torch.matmul(qg, self.k[layer, :, :, :t].transpose(-1, -2)) * scaling  # [B, Hkv, gn, T]
+        scores = scores.masked_fill(~mask, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [B, Hkv, gn, 1]
+        out = torch.matmul(torch.exp(scores - lse), self.v[layer, :, :, :t])  # [B, Hkv, gn, d]
+        for seg, used, rows in self.groups:
+            out, lse = _merge_segment(qg, out, lse, seg.kv[layer, 0, :, :used], seg.kv[layer, 1, :, :used],
+                                      rows, scaling)
+        return out.reshape(bsz, heads, n, d).transpose(1, 2)
+
+    def select(self, keep: list[int]) -> None:
+        """Keep only these rows (in this order): used when rows finish generating."""
+        idx = torch.tensor(keep, dtype=torch.long, device=self.k.device)
+        self.k = self.k.index_select(1, idx)
+        self.v = self.v.index_select(1, idx)
+        self.valid = self.valid.index_select(0, idx)
+        remap = {old: new for new, old in enumerate(keep)}
+        groups = []
+        for seg, used, rows in self.groups:
+            if rows is None:  # every row attends over it; still true for the rows kept
+                groups.append((seg, used, None))
+                continue
+            kept = [remap[r] for r in rows.tolist() if r in remap]
+            if kept:
+                t = None if len(kept) == len(keep) else torch.tensor(kept, dtype=torch.long, device=self.k.device)
+                groups.append((seg, used, t))
+        self.groups = groups
+
+    def row_kv(self, row: int, start: int, end: int) -> torch.Tensor:
+        """A row's buffer K/V at positions [start, end) as [L, 2, Hkv, end-start, d] (a copy)."""
+        return torch.stack((self.k[:, row, :, start:end], self.v[:, row, :, start:end]), dim=1).clone()
+
+
+def _merge_segment(qg, out, lse, ks, vs, rows, scaling):
+    """Attend rows' queries over one cached segment [Hkv, m, d] and merge into (out, lse)."""
+    q = qg if rows is None else qg.index_select(0, rows)  # [r, Hkv, gn, d]
+    r, hkv, gn, d = q.shape
+    qh = q.transpose(0, 1).reshape(hkv, r * gn, d)
+    s = torch.matmul(qh, ks.transpose(-1, -2)) * scaling  # [Hkv, r*gn, m]
+    l2 = torch.logsumexp(s, dim=-1, keepdim=True)
+    o2 = torch.matmul(torch.exp(s - l2), vs)  # [Hkv, r*gn, d]
+    o2 = o2.reshape(hkv, r, gn, d).transpose(0, 1)
+    l2 = l2.reshape(hkv, r, gn, 1).transpose(0, 1)
+    la = lse if rows is None else lse.index_select(0, rows)
+    oa = out if rows is None else out.index_select(0, rows)
+    m = torch.maximum(la, l2)
+    wa, wb = torch.exp(la - m), torch.exp(l2 - m)
+    tot = wa + wb
+    merged = (oa * wa + o2 * wb) / tot
+    new_lse = m + torch.log(tot)
+    if rows is None:
+        return merged, new_lse
+    out = out.index_copy(0, rows, merged)
+    lse = lse.index_copy(0, rows, new_lse)
+    return out, lse
+
+
+def treesearch_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """AttentionInterface entry: shared-prefix attention when a BatchKV is passed, else SDPA."""
+    batch: BatchKV | None = kwargs.pop("ts_batch", None)
+    if batch is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      dropout=dropout, **kwargs)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    return batch.attend(module.layer_idx, query, key, value, scaling), None
+
+
+def install(model) -> None:
+    """Register the attention function and switch the model to it (SDPA is kept as the fallback)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTN_NAME, treesearch_attention)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+    model.set_attn_implementation(ATTN_NAME)

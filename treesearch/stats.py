@@ -1,0 +1,45 @@
+"""Counters of work done, reported as `SearchResult.stats` (see ARCHITECTURE.md, Counting)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Stats:
+    """What the engine computed and what it reused.
+
+    prefill_tokens: tokens run through the model as prompt input (recomputation included).
+    reused_tokens: prompt tokens whose K/V came from the cache instead.
+    decode_tokens: generated tokens fed back through the model.
+    unique_tokens: distinct token positions in the union of all contexts the model saw.
+    The physical limit is prefill_tokens + decode_tokens == unique_tokens.
+    """
+
+    prefill_tokens: int = 0
+    reused_tokens: int = 0
+    decode_tokens: int = 0
+    unique_tokens: int = 0
+    generated_tokens: int = 0
+    model_calls: int = 0
+    generate_calls: int = 0
+    score_calls: int = 0
+    verify_calls: int = 0
+    verify_skipped: int = 0
+    verify_layers_run: int = 0
+    verify_layers_full: int = 0
+    cgee_disagreements: int = 0
+    asks_attached: int = 0
+    asks_extra_reused: int = 0
+    evicted_blocks: int = 0
+    recomputed_tokens: int = 0
+    peak_kv_bytes: int = 0
+    wall_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def reuse_ratio(self) -> float:
+        """Fraction of prompt tokens served from cache."""
+        total = self.prefill_tokens + self.reused_tokens
+        return self.reused_tokens / total if total else 0.0
