@@ -1,0 +1,151 @@
+"""`Problem`: the user's reasoning task. It turns states into prompts and model text into child
+states; it never touches the model.
+
+Contract (each method is called by the `Searcher`, never by strategies directly):
+- `initial_state(x)`: the root state for input x (default: x itself).
+- `expand_prompt(state) -> str`: the prompt whose continuation proposes children.
+  Chain style: return the parent's context plus the new thought (e.g. `state.text`); the engine
+  then reuses the parent's K/V, generated tokens included. Template style: re-render a few-shot
+  prompt from the state; the shared template is found by the exact prefix index.
+- `parse_children(state, text) -> list[Child]`: children from one generation (may be empty; the
+  text is data, never executed). A `(thought, state)` tuple is accepted for a Child.
+- Value, one of: `value(state) -> float | None` (programmatic, wins when not None) or
+  `value_prompt(state) -> str` with `labels` {label text: weight}; the LM value is the expected
+  weight under the labels' next-token probabilities (one forward pass).
+- `is_terminal(state)`, `is_solved(state)`, `answer(state)`.
+- `value_range`: (low, high) that every value must fall in; NaN or out-of-range values raise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .config import Sampling
+from .errors import ProblemDefinitionError
+
+
+@dataclass
+class Child:
+    """One proposed child: the thought text shown in the tree and the state it leads to."""
+
+    thought: str
+    state: Any
+    prior: float | None = None  # optional prior for PUCT-style strategies
+
+
+class Problem:
+    """Base class for reasoning problems. Subclass and override the methods named in the module doc."""
+
+    name: str = "problem"
+    labels: Mapping[str, float] | None = None
+    value_range: tuple[float, float] = (-math.inf, math.inf)
+    max_depth: int = 4
+    samples_per_expand: int = 1
+    sampling: Sampling = Sampling(max_new_tokens=128, stop=("\n\n",))
+
+    # -- required --------------------------------------------------------------------------------
+    def expand_prompt(self, state: Any) -> str:
+        raise NotImplementedError
+
+    def parse_children(self, state: Any, text: str) -> list[Child]:
+        raise NotImplementedError
+
+    # -- optional --------------------------------------------------------------------------------
+    def initial_state(self, x: Any) -> Any:
+        return x
+
+    def value_prompt(self, state: Any) -> str | None:
+        return None
+
+    def value(self, state: Any) -> float | None:
+        return None
+
+    def is_terminal(self, state: Any) -> bool:
+        return False
+
+    def is_solved(self, state: Any) -> bool:
+        return False
+
+    def answer(self, state: Any) -> str | None:
+        return None
+
+    def state_key(self, state: Any) -> str:
+        """A string identifying the state (siblings with equal keys are merged)."""
+        return repr(state)
+
+    def state_to_json(self, state: Any) -> Any:
+        """A JSON-able form of the state for saving the tree (default: as is if JSON-able, else repr)."""
+        try:
+            json.dumps(state)
+            return state
+        except (TypeError, ValueError):
+            return repr(state)
+
+    def state_from_json(self, data: Any) -> Any:
+        return data
+
+
+def check_problem(problem: Problem) -> None:
+    """Fail early, naming the class and method, when a Problem cannot work at all."""
+    cls = type(problem).__name__
+    for meth in ("expand_prompt", "parse_children"):
+        if getattr(type(problem), meth) is getattr(Problem, meth):
+            raise ProblemDefinitionError(f"{cls} must define {meth}(); see treesearch.Problem's docstring")
+    has_value = type(problem).value is not Problem.value
+    has_prompt = type(problem).value_prompt is not Problem.value_prompt
+    if not (has_value or has_prompt):
+        raise ProblemDefinitionError(f"{cls} must define value(state) or value_prompt(state) with labels")
+    if has_prompt and not problem.labels:
+        raise ProblemDefinitionError(
+            f"{cls}.value_prompt needs {cls}.labels, e.g. {{' sure': 20, ' likely': 1, ' impossible': 0.001}}")
+    if problem.labels is not None:
+        for k, w in problem.labels.items():
+            if not isinstance(k, str) or not isinstance(w, (int, float)) or math.isnan(w):
+                raise ProblemDefinitionError(f"{cls}.labels must map label text to a number, got {k!r}: {w!r}")
+
+
+def check_prompt(problem: Problem, method: str, prompt: Any) -> str:
+    if not isinstance(prompt, str):
+        raise ProblemDefinitionError(
+            f"{type(problem).__name__}.{method}() returned {type(prompt).__name__}; it must return a str prompt")
+    if not prompt:
+        raise ProblemDefinitionError(f"{type(problem).__name__}.{method}() returned an empty prompt")
+    return prompt
+
+
+def check_children(problem: Problem, children: Any) -> list[Child]:
+    cls = type(problem).__name__
+    if children is None:
+        raise ProblemDefinitionError(f"{cls}.parse_children() returned None; return a list (empty if nothing parsed)")
+    if not isinstance(children, (list, tuple)):
+        raise ProblemDefinitionError(f"{cls}.parse_children() returned {type(children).__name__}; return a list of Child")
+    out = []
+    for c in children:
+        if isinstance(c, Child):
+            out.append(c)
+        elif isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], str):
+            out.append(Child(thought=c[0], state=c[1]))
+        else:
+            raise ProblemDefinitionError(
+                f"{cls}.parse_children() returned an item {c!r:.80}; each item must be Child(thought, state) "
+                "or a (thought: str, state) tuple")
+        if not isinstance(out[-1].thought, str):
+            raise ProblemDefinitionError(f"{cls}.parse_children(): a child's thought must be a str")
+    return out
+
+
+def check_value(problem: Problem, value: Any, state: Any) -> float:
+    cls = type(problem).__name__
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProblemDefinitionError(f"{cls}.value() returned {value!r}; it must return a float or None")
+    v = float(value)
+    lo, hi = problem.value_range
+    if math.isnan(v):
+        raise ProblemDefinitionError(f"{cls}: the value of state {state!r:.60} is NaN")
+    if not lo <= v <= hi:
+        raise ProblemDefinitionError(f"{cls}: value {v} of state {state!r:.60} is outside value_range {problem.value_range}")
+    return v

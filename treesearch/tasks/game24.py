@@ -1,0 +1,222 @@
+"""Game of 24 with the Tree-of-Thoughts protocol (Yao et al., 2023), in this project's own words.
+
+- Steps 1-3 (propose): a one-shot prompt lists moves "a op b = c (left: ...)"; each line whose
+  operands are two available numbers becomes a child. The result and the remaining numbers are
+  computed exactly (the model's own "= c" and "(left: ...)" are not trusted), so the thought
+  shown in the tree is the corrected move.
+- Step 4 (answer): from the steps so far, the model writes "Answer: <expression> = 24".
+- Value: a few-shot prompt over the remaining numbers, scored at the next token over the labels
+  sure / likely / impossible weighted 20 / 1 / 0.001 (expected weight from one forward pass), or
+  the original protocol's 3 sampled judgements (`value_mode="sampled"`). A final answer is valued
+  by the exact checker: 20 if correct, 0.001 if not.
+- The answer checker parses numbers, + - * / and parentheses (`treesearch.tasks.arith`) and
+  accepts only expressions that use exactly the four input numbers, each once, and equal 24.
+The test set is rows 900-999 of 24.csv (MIT; see data/24.SOURCE.md).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections import Counter
+from dataclasses import dataclass
+from fractions import Fraction
+from importlib import resources
+
+from ..config import Sampling
+from ..errors import ParseError
+from ..problem import Child, Problem
+from .arith import evaluate, fmt, parse_number
+
+PROPOSE_PROMPT = """Combine two of the numbers with +, -, * or / to get a new number. List possible moves, one per line, as "a op b = c (left: remaining numbers)".
+Numbers: 3 5 7 9
+Moves:
+3 + 5 = 8 (left: 7 8 9)
+9 - 7 = 2 (left: 2 3 5)
+5 * 3 = 15 (left: 7 9 15)
+9 / 3 = 3 (left: 3 5 7)
+7 + 9 = 16 (left: 3 5 16)
+7 - 5 = 2 (left: 2 3 9)
+Numbers: {numbers}
+Moves:
+"""
+
+VALUE_PROMPT = """Can the numbers reach 24 with + - * / (each number used once)? Judge sure, likely or impossible.
+Numbers: 10 14
+Judgement: sure
+Numbers: 11 12
+Judgement: impossible
+Numbers: 4 4 10
+Judgement: sure
+Numbers: 5 7 8
+Judgement: likely
+Numbers: 1 3 3
+Judgement: impossible
+Numbers: 24
+Judgement: sure
+Numbers: 2 9 10 12
+Judgement: likely
+Numbers: 1 1 1
+Judgement: impossible
+Numbers: {numbers}
+Judgement:"""
+
+ANSWER_PROMPT = """Use every input number exactly once with + - * / to make 24. Write the steps as one expression.
+Input: 4 4 6 8
+Steps:
+4 + 8 = 12 (left: 4 6 12)
+6 - 4 = 2 (left: 2 12)
+2 * 12 = 24 (left: 24)
+Answer: (6 - 4) * (4 + 8) = 24
+Input: 2 9 10 12
+Steps:
+12 * 2 = 24 (left: 9 10 24)
+10 - 9 = 1 (left: 1 24)
+24 * 1 = 24 (left: 24)
+Answer: (12 * 2) * (10 - 9) = 24
+Input: {puzzle}
+Steps:
+{steps}
+Answer:"""
+
+LABELS = {" sure": 20.0, " likely": 1.0, " impossible": 0.001}
+_NUM = r"(\d+(?:\.\d+)?(?:/\d+)?)"
+_MOVE = re.compile(rf"^\s*{_NUM}\s*([+\-*/×x÷])\s*{_NUM}\s*=")
+
+
+@dataclass(frozen=True)
+class Game24State:
+    """Remaining numbers, the steps taken, the puzzle, and (after step 4) the answer expression."""
+
+    puzzle: tuple[int, ...]
+    numbers: tuple[Fraction, ...]
+    steps: tuple[str, ...] = ()
+    answer: str | None = None
+
+    def numbers_text(self) -> str:
+        return " ".join(fmt(x) for x in sorted(self.numbers))
+
+
+def load_puzzles(start: int = 900, end: int = 1000) -> list[str]:
+    """Puzzles of 24.csv rows [start, end) (the ToT test set is 900-999)."""
+    text = resources.files("treesearch.tasks").joinpath("data/24.csv").read_text()
+    rows = list(csv.DictReader(text.splitlines()))
+    return [r["Puzzles"] for r in rows[start:end]]
+
+
+def parse_puzzle(text: str) -> tuple[int, ...]:
+    parts = text.replace(",", " ").split()
+    if len(parts) != 4 or not all(p.isdigit() for p in parts):
+        raise ParseError(f"a Game of 24 puzzle is four whole numbers such as \"4 5 6 10\", got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def check_answer(expression: str, puzzle: tuple[int, ...] | str) -> bool:
+    """True iff the expression uses exactly the puzzle's numbers, each once, and equals 24.
+
+    Accepts "expr" or "expr = 24"; never evaluates anything but +, -, *, / over numbers."""
+    if isinstance(puzzle, str):
+        puzzle = parse_puzzle(puzzle)
+    lhs = expression.split("=")[0]
+    try:
+        ev = evaluate(lhs)
+    except ParseError:
+        return False
+    return ev.value == 24 and Counter(ev.numbers) == Counter(Fraction(n) for n in puzzle)
+
+
+def apply_move(numbers: tuple[Fraction, ...], line: str) -> tuple[str, tuple[Fraction, ...]] | None:
+    """Parse "a op b = ..." against the available numbers; the result is computed exactly.
+    None unless both operands are available (and no division by zero)."""
+    m = _MOVE.match(line)
+    if m is None:
+        return None
+    try:
+        a, b = parse_number(m.group(1)), parse_number(m.group(3))
+    except ParseError:
+        return None
+    op = {"×": "*", "x": "*", "÷": "/"}.get(m.group(2), m.group(2))
+    pool = list(numbers)
+    for x in (a, b):
+        if x not in pool:
+            return None
+        pool.remove(x)
+    if op == "/" and b == 0:
+        return None
+    result = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else None}[op]
+    left = tuple(sorted(pool + [result]))
+    thought = f"{fmt(a)} {op} {fmt(b)} = {fmt(result)} (left: {' '.join(fmt(x) for x in left)})"
+    return thought, left
+
+
+class Game24(Problem):
+    """The Game of 24 ToT protocol: breadth 5, 4 steps, label-scored values."""
+
+    name = "game24"
+    labels = LABELS
+    value_range = (0.0, 20.0)
+    max_depth = 4
+
+    def __init__(self, *, propose_prompt: str = PROPOSE_PROMPT, value_prompt: str = VALUE_PROMPT,
+                 answer_prompt: str = ANSWER_PROMPT, value_mode: str = "label", max_new_tokens: int = 96) -> None:
+        if value_mode not in ("label", "sampled"):
+            raise ValueError(f"value_mode={value_mode!r}; use 'label' (one scoring pass) or 'sampled'")
+        self.propose_template = propose_prompt
+        self.value_template = value_prompt
+        self.answer_template = answer_prompt
+        self.value_mode = value_mode
+        self.sampling = Sampling(max_new_tokens=max_new_tokens, stop=("\nNumbers:", "\n\n", "Input:"))
+
+    def initial_state(self, x) -> Game24State:
+        puzzle = parse_puzzle(x) if isinstance(x, str) else tuple(int(v) for v in x)
+        return Game24State(puzzle=puzzle, numbers=tuple(sorted(Fraction(v) for v in puzzle)))
+
+    def expand_prompt(self, state: Game24State) -> str:
+        if len(state.numbers) == 1:
+            return self.answer_template.format(puzzle=" ".join(map(str, state.puzzle)), steps="\n".join(state.steps))
+        return self.propose_template.format(numbers=state.numbers_text())
+
+    def parse_children(self, state: Game24State, text: str) -> list[Child]:
+        if len(state.numbers) == 1:
+            line = text.strip().splitlines()[0] if text.strip() else ""
+            expr = line.split("=")[0].strip()
+            if not expr:
+                return []
+            return [Child(thought=f"Answer: {line.strip()}", state=Game24State(
+                puzzle=state.puzzle, numbers=state.numbers, steps=state.steps, answer=expr))]
+        children = []
+        for line in text.splitlines():
+            move = apply_move(state.numbers, line)
+            if move is not None:
+                thought, left = move
+                children.append(Child(thought=thought, state=Game24State(
+                    puzzle=state.puzzle, numbers=left, steps=state.steps + (thought,))))
+        return children
+
+    def value_prompt(self, state: Game24State) -> str:
+        return self.value_template.format(numbers=state.numbers_text())
+
+    def value(self, state: Game24State) -> float | None:
+        if state.answer is not None:
+            return 20.0 if check_answer(state.answer, state.puzzle) else 0.001
+        return None
+
+    def is_terminal(self, state: Game24State) -> bool:
+        return state.answer is not None
+
+    def is_solved(self, state: Game24State) -> bool:
+        return state.answer is not None and check_answer(state.answer, state.puzzle)
+
+    def answer(self, state: Game24State) -> str | None:
+        return None if state.answer is None else f"{state.answer} = 24"
+
+    def state_key(self, state: Game24State) -> str:
+        return f"{state.numbers_text()}|{state.answer}"
+
+    def state_to_json(self, state: Game24State) -> dict:
+        return {"puzzle": list(state.puzzle), "numbers": [fmt(x) for x in state.numbers],
+                "steps": list(state.steps), "answer": state.answer}
+
+    def state_from_json(self, data: dict) -> Game24State:
+        return Game24State(puzzle=tuple(data["puzzle"]), numbers=tuple(parse_number(x) for x in data["numbers"]),
+                           steps=tuple(data["steps"]), answer=data["answer"])

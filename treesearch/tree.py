@@ -1,0 +1,165 @@
+"""`ThoughtTree`: the search tree the user sees, a `networkx.DiGraph` with one node per state.
+
+Node attributes: state, thought, depth, score (None until evaluated), status
+("frontier" | "expanded" | "pruned" | "solution"), terminal, solved, visits, value_sum (MCTS),
+and `kv`, the node's handle into the KV store (never serialised). Strategies and the Searcher may
+add more (e.g. prior, confidence, cgee). Node ids are consecutive ints; the root is 0.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from .errors import TreeSearchError
+
+STATUSES = ("frontier", "expanded", "pruned", "solution")
+_NOT_SAVED = ("kv",)
+FORMAT = "treesearch-tree/1"
+
+
+class ThoughtTree:
+    """A thought tree over a networkx DiGraph (`.graph`)."""
+
+    def __init__(self) -> None:
+        self.graph = nx.DiGraph()
+        self.meta: dict[str, Any] = {}
+
+    # -- building --------------------------------------------------------------------------------
+    def add_root(self, state: Any, thought: str = "") -> int:
+        if len(self.graph):
+            raise TreeSearchError("the tree already has a root")
+        return self._add(None, thought, state)
+
+    def add_child(self, parent: int, thought: str, state: Any, **attrs: Any) -> int:
+        return self._add(parent, thought, state, **attrs)
+
+    def _add(self, parent: int | None, thought: str, state: Any, **attrs: Any) -> int:
+        nid = len(self.graph)
+        depth = 0 if parent is None else self.graph.nodes[parent]["depth"] + 1
+        self.graph.add_node(nid, state=state, thought=thought, depth=depth, score=None, status="frontier",
+                            terminal=False, solved=False, visits=0, value_sum=0.0, kv=None, **attrs)
+        if parent is not None:
+            self.graph.add_edge(parent, nid)
+        return nid
+
+    def set_status(self, nid: int, status: str) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"status {status!r}; use one of {STATUSES}")
+        self.graph.nodes[nid]["status"] = status
+
+    # -- reading ---------------------------------------------------------------------------------
+    @property
+    def root(self) -> int:
+        return 0
+
+    def __len__(self) -> int:
+        return len(self.graph)
+
+    def __contains__(self, nid: object) -> bool:
+        return nid in self.graph
+
+    def node(self, nid: int) -> dict:
+        return self.graph.nodes[nid]
+
+    def children(self, nid: int) -> list[int]:
+        return sorted(self.graph.successors(nid))
+
+    def parent(self, nid: int) -> int | None:
+        preds = list(self.graph.predecessors(nid))
+        return preds[0] if preds else None
+
+    def path(self, nid: int) -> list[int]:
+        """Node ids from the root down to nid."""
+        out = [nid]
+        while (p := self.parent(out[-1])) is not None:
+            out.append(p)
+        return out[::-1]
+
+    def nodes_with(self, **attrs: Any) -> list[int]:
+        return [n for n, d in self.graph.nodes(data=True) if all(d.get(k) == v for k, v in attrs.items())]
+
+    def leaves(self) -> list[int]:
+        return [n for n in self.graph if self.graph.out_degree(n) == 0]
+
+    # -- persistence -----------------------------------------------------------------------------
+    def to_json(self, state_to_json=None) -> dict:
+        """networkx node-link data (edges under "links"), kv handles left out."""
+        g = nx.DiGraph()
+        for n, d in self.graph.nodes(data=True):
+            attrs = {k: v for k, v in d.items() if k not in _NOT_SAVED}
+            if state_to_json is not None:
+                attrs["state"] = state_to_json(attrs["state"])
+            g.add_node(n, **attrs)
+        g.add_edges_from(self.graph.edges(data=True))
+        data = nx.node_link_data(g, edges="links")
+        data["graph"] = {"format": FORMAT, **self.meta}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict, state_from_json=None) -> "ThoughtTree":
+        if not isinstance(data, dict) or "nodes" not in data or "links" not in data:
+            raise TreeSearchError("not a saved ThoughtTree: expected node-link JSON with 'nodes' and 'links'")
+        try:
+            g = nx.node_link_graph(data, directed=True, edges="links")
+        except Exception as exc:  # networkx raises several types on malformed data
+            raise TreeSearchError(f"corrupt tree data: {exc}") from exc
+        tree = cls()
+        meta = dict(data.get("graph") or {})
+        meta.pop("format", None)
+        tree.meta = meta
+        for n in sorted(g.nodes):
+            d = dict(g.nodes[n])
+            if state_from_json is not None:
+                d["state"] = state_from_json(d.get("state"))
+            d["kv"] = None
+            tree.graph.add_node(n, **d)
+        tree.graph.add_edges_from(g.edges(data=True))
+        if sorted(tree.graph.nodes) != list(range(len(tree.graph))):
+            raise TreeSearchError("corrupt tree data: node ids must be 0..n-1")
+        return tree
+
+    def save(self, path: str | Path, state_to_json=None) -> None:
+        """Write node-link JSON atomically (a crash never leaves a half-written file)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(state_to_json), indent=1, default=repr))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path, state_from_json=None) -> "ThoughtTree":
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as exc:
+            raise TreeSearchError(f"{path} is not valid JSON (truncated or corrupted?): {exc}") from exc
+        return cls.from_json(data, state_from_json)
+
+    # -- display ---------------------------------------------------------------------------------
+    def text_view(self, max_nodes: int = 60, width: int = 90) -> str:
+        """A compact indented view: id, status, score, thought."""
+        lines: list[str] = []
+        marks = {"frontier": " ", "expanded": "+", "pruned": "x", "solution": "*"}
+
+        def walk(n: int, indent: int) -> None:
+            if len(lines) >= max_nodes:
+                return
+            d = self.graph.nodes[n]
+            score = "  -  " if d["score"] is None else f"{d['score']:5.2f}"
+            thought = (d["thought"] or "(root)").replace("\n", " | ")
+            line = f"{'  ' * indent}[{marks.get(d['status'], '?')}] #{n} {score} {thought}"
+            lines.append(line[:width])
+            for c in self.children(n):
+                walk(c, indent + 1)
+
+        if len(self.graph):
+            walk(0, 0)
+        if len(self.graph) > len(lines):
+            lines.append(f"... {len(self.graph) - len(lines)} more nodes")
+        lines.append("legend: [+] expanded  [x] pruned  [*] solution  [ ] frontier")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"ThoughtTree({len(self.graph)} nodes)"
