@@ -1,7 +1,8 @@
 """Built-in tasks. Each keeps its prompt templates in one place, readable and replaceable."""
 
 from .game24 import Game24, Game24State, check_answer, load_puzzles
+from .gsm8k import GSM8K, GSM8KState, extract_number
 
-TASKS = {"game24": Game24}
+TASKS = {"game24": Game24, "gsm8k": GSM8K}
 
-__all__ = ["Game24", "Game24State", "TASKS", "check_answer", "load_puzzles"]
+__all__ = ["GSM8K", "GSM8KState", "Game24", "Game24State", "TASKS", "check_answer", "extract_number", "load_puzzles"]

@@ -1,0 +1,129 @@
+"""GSM8K as a chain-style problem: each thought is one reasoning step, and a child's context is
+its parent's context plus that step, so the engine reuses the parent's K/V (generated tokens
+included) and computes only the new step.
+
+- expand: the prompt is the worked example + question + the steps so far; the model writes the
+  next line (sampled, `samples_per_expand` children per node).
+- value: the same context followed by a yes/no question about the last step, scored at the next
+  token (labels " yes" / " no" weighted 1 / 0), so the value pass also reuses the context's K/V.
+- a step containing "The answer is N" ends the branch; `extract_number` reads N without evaluating
+  anything (a regular expression over the text).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import Sampling
+from ..problem import Child, Problem
+
+PROMPT = """Solve the math word problem step by step. Write one step per line and finish with "The answer is N."
+Question: A baker makes 12 muffins in each batch. She bakes 3 batches and sells 20 muffins. How many muffins are left?
+Step: She bakes 12 * 3 = 36 muffins.
+Step: After selling, 36 - 20 = 16 muffins are left.
+Step: The answer is 16.
+Question: {question}
+"""
+STEP = "Step:"
+VALUE_SUFFIX = "\nIs the last step correct? Reply yes or no.\nReply:"
+LABELS = {" yes": 1.0, " no": 0.0}
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_ANSWER = re.compile(r"answer is\s*\$?\s*(-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
+
+
+def extract_number(text: str) -> str | None:
+    """The final answer in a text: the number after "answer is" (or "####"), else the last number.
+
+    Normalised: commas removed, trailing ".0" dropped. None when the text holds no number."""
+    if not isinstance(text, str):
+        return None
+    text = text[:10_000]
+    m = _ANSWER.search(text)
+    if m is None and "####" in text:
+        m = _NUMBER.search(text.split("####")[-1])
+        raw = m.group(0) if m else None
+    elif m is not None:
+        raw = m.group(1)
+    else:
+        found = _NUMBER.findall(text)
+        raw = found[-1] if found else None
+    if raw is None:
+        return None
+    raw = raw.replace(",", "").rstrip(".")
+    if "." in raw:
+        raw = raw.rstrip("0").rstrip(".")
+    return raw or None
+
+
+@dataclass(frozen=True)
+class GSM8KState:
+    question: str
+    steps: tuple[str, ...] = ()
+    answer: str | None = None
+    gold: str | None = None
+
+
+class GSM8K(Problem):
+    """Chain-style GSM8K: one step per thought, yes/no value of the last step."""
+
+    name = "gsm8k"
+    labels = LABELS
+    value_range = (0.0, 1.0)
+
+    def __init__(self, *, prompt: str = PROMPT, samples_per_expand: int = 3, max_steps: int = 6,
+                 temperature: float = 0.7, max_new_tokens: int = 48) -> None:
+        self.template = prompt
+        self.samples_per_expand = samples_per_expand
+        self.max_depth = max_steps
+        self.sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=0.95,
+                                 stop=("\n",))
+
+    def initial_state(self, x: Any) -> GSM8KState:
+        if isinstance(x, dict):
+            gold = extract_number(x.get("answer", "")) if x.get("answer") else None
+            return GSM8KState(question=str(x["question"]).strip(), gold=gold)
+        return GSM8KState(question=str(x).strip())
+
+    def context(self, state: GSM8KState) -> str:
+        """The text the model has seen for this state: prompt, question and steps so far."""
+        text = self.template.format(question=state.question)
+        for s in state.steps:
+            text += f"{STEP} {s}\n"
+        return text
+
+    def expand_prompt(self, state: GSM8KState) -> str:
+        return self.context(state) + STEP
+
+    def parse_children(self, state: GSM8KState, text: str) -> list[Child]:
+        step = text.strip().splitlines()[0].strip() if text.strip() else ""
+        if not step:
+            return []
+        answer = None
+        if _ANSWER.search(step):
+            answer = extract_number(step)
+        return [Child(thought=step, state=GSM8KState(question=state.question, steps=state.steps + (step,),
+                                                     answer=answer, gold=state.gold))]
+
+    def value_prompt(self, state: GSM8KState) -> str:
+        return self.context(state).rstrip("\n") + VALUE_SUFFIX
+
+    def is_terminal(self, state: GSM8KState) -> bool:
+        return state.answer is not None or len(state.steps) >= self.max_depth
+
+    def is_solved(self, state: GSM8KState) -> bool:
+        return state.answer is not None and state.gold is not None and state.answer == state.gold
+
+    def answer(self, state: GSM8KState) -> str | None:
+        return state.answer
+
+    def state_key(self, state: GSM8KState) -> str:
+        return "\n".join(state.steps)
+
+    def state_to_json(self, state: GSM8KState) -> dict:
+        return {"question": state.question, "steps": list(state.steps), "answer": state.answer, "gold": state.gold}
+
+    def state_from_json(self, data: dict) -> GSM8KState:
+        return GSM8KState(question=data["question"], steps=tuple(data["steps"]), answer=data["answer"],
+                          gold=data.get("gold"))
