@@ -1,4 +1,5 @@
-"""The KV store: segments of cached K/V arranged as a token tree, found by an exact prefix index.
+"""The KV store: segments of cached K/V arranged as a token tree, accounted in fixed-size blocks,
+owned by tree nodes, and held under a byte budget.
 
 A *segment* is the K/V of a run of tokens computed in one forward, stored contiguously as one
 tensor [layers, 2, kv_heads, tokens, head_dim]. Every segment hangs off a point inside its parent
@@ -8,22 +9,45 @@ under exactly that context, which the tree guarantees by construction.
 
 Lookup walks the tree token by token and returns a *chain*: the (segment, used_tokens) pairs to
 attend over. A divergence inside a segment still reuses the tokens before it (used_tokens <
-len), without copying: attention reads a view of the first used_tokens positions.
+len), without copying: attention reads a view of the first used_tokens positions. Keeping one
+tensor per segment (rather than a pool tensor of blocks) is what keeps attention zero-copy: a
+segment is one contiguous run of blocks, read in place by one matmul per layer.
 
-Protocol (enforced here, relied on by the engine and RSBCM):
+Blocks: a segment of n tokens occupies ceil(n / block_size) blocks; it receives that many
+consecutive block ids when created (`block_ids`), which it keeps for life. Memory is accounted
+and evicted in whole blocks (the tail block counts whole even when partly filled), and a segment's
+blocks are evicted together.
+
+Protocol (enforced here with asserts naming the segment; relied on by the engine and RSBCM):
 1. A segment's tokens never change; its K/V may be dropped (`evict`) and later refilled
    (`refill`) with the same values, recomputed from its context.
-2. `refs` counts live holders (tree nodes, running batches). Pinned segments (refs of the
-   running batch, the root prompt) are never evicted; refs never go negative.
-3. `bytes_held` is the sum over resident segments of their blocks' bytes, where a segment of n
-   tokens occupies ceil(n / block_size) blocks.
+2. Owners are hashable ids (thought-tree nodes). `acquire(owner, handle)` makes the owner hold
+   every segment on the handle's context chain, once per owner; `release(owner)` lets go of all
+   of them. `refs` == number of owners holding the segment; it never goes negative.
+3. A segment whose last owner lets go is *freed* at that moment: it joins `free_segments()` and is
+   evicted before any owned segment (its K/V stays cached for exact reuse until space is needed).
+4. `pins` counts holders that must not lose the K/V: the running batch's chains (pinned for the
+   whole engine call) and permanently pinned owners such as the root prompt. Pinned segments are
+   never evicted; `unpin` more often than `pin` is a bug.
+5. Residency is closed under ancestors: only a resident, unpinned segment without resident
+   children (a leaf of the resident tree) is evictable, so a resident segment's context is always
+   resident or the store root.
+6. Budget: `bytes_held` (resident blocks x block bytes) never exceeds `budget`. `refill` first
+   calls `make_room`, which evicts evictable segments in increasing `policy(segment)` key order
+   (the policy lives in `treesearch.rsbcm`; this loop knows nothing of scores). When nothing more
+   can be evicted, `CacheBudgetError` says how many bytes were needed.
+7. `last_use` is a logical clock (lookup and insert tick it), never wall time.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
+
+from .errors import CacheBudgetError
 
 Chain = list[tuple["Segment", int]]
 
@@ -38,14 +62,19 @@ class Segment:
     parent_len: int
     start: int  # absolute position of tokens[0]
     kv: Any = None  # torch.Tensor [L, 2, Hkv, n, d]; None when evicted (or for the root)
-    refs: int = 0
     pins: int = 0
     owners: set = field(default_factory=set)  # thought-tree node ids whose contexts use this segment
     children: dict = field(default_factory=dict)  # (offset, first_token) -> Segment
     last_use: int = 0
+    first_block: int = 0  # block ids are first_block .. first_block + blocks - 1
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def refs(self) -> int:
+        """Number of owners holding this segment (protocol note 2)."""
+        return len(self.owners)
 
     @property
     def resident(self) -> bool:
@@ -63,23 +92,41 @@ class Segment:
         return chain
 
 
-class KVStore:
-    """Token tree of cached K/V segments with an exact prefix index and byte accounting."""
+def _lru_key(seg: Segment) -> tuple:
+    return (seg.last_use, seg.id)
 
-    def __init__(self, bytes_per_token: int, block_size: int = 16) -> None:
+
+class KVStore:
+    """Token tree of cached K/V segments with an exact prefix index, block accounting, owners and a budget."""
+
+    def __init__(self, bytes_per_token: int, block_size: int = 16, budget: int | None = None,
+                 policy: Callable[[Segment], Any] | None = None) -> None:
         self.bytes_per_token = bytes_per_token
         self.block_size = block_size
+        self.budget = budget
+        self.policy = policy or _lru_key  # eviction priority key: lowest evicted first
         self.root = Segment(id=0, tokens=(), parent=None, parent_len=0, start=0)
         self.root.pins = 1  # the root is permanently pinned
         self._ids = itertools.count(1)
+        self._blocks = itertools.count(0)
         self._clock = itertools.count(1)
         self.segments: dict[int, Segment] = {}
+        self._held: dict[Hashable, set[Segment]] = {}  # owner -> segments it holds
+        self._pinned_owners: set[Hashable] = set()
         self.bytes_held = 0
         self.peak_bytes = 0
+        self.evicted_blocks = 0
+        self.eviction_log: list[int] = []  # block ids in the order they were evicted
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_size * self.bytes_per_token
 
     # -- lookup ----------------------------------------------------------------------------------
     def lookup(self, ids: list[int] | tuple[int, ...], limit: int | None = None) -> tuple[Chain, int]:
-        """Longest cached prefix of ids (at most `limit` tokens): (chain, matched_tokens)."""
+        """Longest cached prefix of ids (at most `limit` tokens): (chain, matched_tokens).
+
+        Evicted segments match too (their tokens are known); the engine recomputes them."""
         limit = len(ids) if limit is None else min(limit, len(ids))
         chain: Chain = []
         seg, off, pos = self.root, 0, 0
@@ -98,17 +145,22 @@ class KVStore:
             seg, off = child, 0
         if off > 0:
             chain.append((seg, off))
+        self.touch(chain)
+        return chain, pos
+
+    def touch(self, chain: Chain) -> None:
+        """Mark a chain as used now (one logical clock tick)."""
         tick = next(self._clock)
         for s, _ in chain:
             s.last_use = tick
-        return chain, pos
 
     # -- insertion -------------------------------------------------------------------------------
     def insert(self, chain: Chain, tokens: list[int] | tuple[int, ...], kv: Any) -> tuple[Segment, int]:
         """Add a segment continuing `chain` (as returned by lookup) with `tokens` and their K/V.
 
         Returns the chain's new end (segment, used_tokens). If the same continuation is already
-        cached, that segment is returned and `kv` dropped.
+        cached, that segment is returned and `kv` dropped. The caller makes sure the segments the
+        new tokens walk through are resident (the engine looks the whole context up first).
         """
         assert len(tokens) > 0, "insert needs at least one token"
         tokens = tuple(tokens)
@@ -127,6 +179,9 @@ class KVStore:
             parent, off = child, 0
         seg = Segment(id=next(self._ids), tokens=tokens[i:], parent=parent, parent_len=off,
                       start=parent.start + off, kv=None, last_use=next(self._clock))
+        seg.first_block = next(self._blocks)
+        for _ in range(self.blocks(seg) - 1):
+            next(self._blocks)
         parent.children[(off, tokens[i])] = seg
         self.segments[seg.id] = seg
         if kv is not None:
@@ -137,13 +192,24 @@ class KVStore:
     def blocks(self, seg: Segment) -> int:
         return -(-len(seg.tokens) // self.block_size)
 
+    def block_ids(self, seg: Segment) -> list[int]:
+        return list(range(seg.first_block, seg.first_block + self.blocks(seg)))
+
     def segment_bytes(self, seg: Segment) -> int:
-        return self.blocks(seg) * self.block_size * self.bytes_per_token
+        return self.blocks(seg) * self.block_bytes
 
     def refill(self, seg: Segment, kv: Any) -> None:
-        """Give a segment its K/V (after creation or recomputation)."""
+        """Give a segment its K/V (after creation or recomputation), evicting others to make room."""
         assert kv.shape[3] == len(seg.tokens), f"segment {seg.id}: kv has {kv.shape[3]} tokens, expected {len(seg.tokens)}"
+        assert seg.parent is self.root or seg.parent.kv is not None, \
+            f"segment {seg.id}: parent {seg.parent.id} is evicted; refill ancestors first (note 5)"
         if seg.kv is None:
+            path = seg.context_chain()  # the segment and its context are not candidates for its room
+            self.pin(path)
+            try:
+                self.make_room(self.segment_bytes(seg))
+            finally:
+                self.unpin(path)
             self.bytes_held += self.segment_bytes(seg)
             self.peak_bytes = max(self.peak_bytes, self.bytes_held)
         seg.kv = kv.contiguous()
@@ -153,10 +219,86 @@ class KVStore:
         assert seg.pins == 0, f"segment {seg.id} is pinned ({seg.pins}) and cannot be evicted"
         if seg.kv is None:
             return 0
+        assert not any(c.kv is not None for c in seg.children.values()), \
+            f"segment {seg.id} has resident children; evict leaves first (note 5)"
         seg.kv = None
         freed = self.segment_bytes(seg)
         self.bytes_held -= freed
+        self.evicted_blocks += self.blocks(seg)
+        self.eviction_log.extend(self.block_ids(seg))
         return freed
+
+    def evictable(self) -> list[Segment]:
+        """Resident, unpinned segments without resident children (protocol note 5)."""
+        return [s for s in self.segments.values() if self._is_evictable(s)]
+
+    def _is_evictable(self, s: Segment) -> bool:
+        return (s is not self.root and s.kv is not None and s.pins == 0
+                and not any(c.kv is not None for c in s.children.values()))
+
+    def make_room(self, nbytes: int) -> list[Segment]:
+        """Evict lowest-priority evictable segments until `nbytes` more fit in the budget."""
+        if self.budget is None or self.bytes_held + nbytes <= self.budget:
+            return []
+        heap = [(self.policy(s), s.id, s) for s in self.evictable()]
+        heapq.heapify(heap)
+        evicted = []
+        while self.bytes_held + nbytes > self.budget:
+            if not heap:
+                raise CacheBudgetError(
+                    f"cache_budget={self.budget} bytes cannot hold {nbytes} more bytes: {self.bytes_held} are held "
+                    f"by pinned segments (the running batch); raise --cache-budget to at least "
+                    f"{self.bytes_held + nbytes} or run smaller batches")
+            _, _, s = heapq.heappop(heap)
+            self.evict(s)
+            evicted.append(s)
+            p = s.parent
+            if p is not None and self._is_evictable(p):
+                heapq.heappush(heap, (self.policy(p), p.id, p))
+        return evicted
+
+    # -- owners and pins -------------------------------------------------------------------------
+    def acquire(self, owner: Hashable, handle: tuple[Segment, int]) -> None:
+        """The owner holds every segment on the handle's context chain (note 2)."""
+        held = self._held.setdefault(owner, set())
+        pinned = owner in self._pinned_owners
+        seg = handle[0]
+        while seg is not None and seg.parent is not None:
+            if seg not in held:
+                held.add(seg)
+                seg.owners.add(owner)
+                if pinned:
+                    seg.pins += 1
+            seg = seg.parent
+
+    def release(self, owner: Hashable) -> list[Segment]:
+        """The owner lets go of everything it holds; returns the segments this freed (note 3)."""
+        freed = []
+        pinned = owner in self._pinned_owners
+        for seg in self._held.pop(owner, ()):
+            assert owner in seg.owners, f"segment {seg.id}: owner {owner!r} released twice"
+            seg.owners.discard(owner)
+            if pinned:
+                seg.pins -= 1
+            if not seg.owners:
+                freed.append(seg)
+        self._pinned_owners.discard(owner)
+        return sorted(freed, key=lambda s: s.id)
+
+    def held_by(self, owner: Hashable) -> set[Segment]:
+        return set(self._held.get(owner, ()))
+
+    def pin_owner(self, owner: Hashable) -> None:
+        """Pin whatever this owner holds, now and later (e.g. the root prompt), until it is released."""
+        if owner in self._pinned_owners:
+            return
+        self._pinned_owners.add(owner)
+        for seg in self._held.get(owner, ()):
+            seg.pins += 1
+
+    def free_segments(self) -> list[Segment]:
+        """Resident segments no owner holds (evicted first)."""
+        return [s for s in self.segments.values() if s.kv is not None and not s.owners]
 
     def pin(self, chain: Chain) -> None:
         for seg, _ in chain:
@@ -166,6 +308,12 @@ class KVStore:
         for seg, _ in chain:
             assert seg.pins > 0, f"segment {seg.id} unpinned more often than pinned"
             seg.pins -= 1
+
+    def pinned_bytes(self, extra: Chain | None = None) -> int:
+        """Bytes of segments that cannot be evicted: pinned ones plus the given chain's."""
+        segs = {s for s in self.segments.values() if s.pins > 0}
+        segs.update(s for s, _ in (extra or []))
+        return sum(self.segment_bytes(s) for s in segs)
 
     def note_peak(self, extra_bytes: int = 0) -> None:
         """Record a peak including transient bytes (a running batch's own K/V)."""
@@ -178,7 +326,23 @@ class KVStore:
         """Recompute the accounting from scratch and compare (for tests)."""
         held = sum(self.segment_bytes(s) for s in self.segments.values() if s.kv is not None)
         assert held == self.bytes_held, f"bytes_held {self.bytes_held} != recomputed {held}"
+        if self.budget is not None:
+            assert self.bytes_held <= self.budget, f"bytes_held {self.bytes_held} > budget {self.budget}"
+        holders: dict[int, set] = {}
+        for owner, segs in self._held.items():
+            for s in segs:
+                holders.setdefault(s.id, set()).add(owner)
+        owner_pins: dict[int, int] = {}
+        for owner in self._pinned_owners:
+            for s in self._held.get(owner, ()):
+                owner_pins[s.id] = owner_pins.get(s.id, 0) + 1
         for s in self.segments.values():
-            assert s.pins >= 0 and s.refs >= 0, f"segment {s.id}: pins={s.pins} refs={s.refs}"
+            assert s.pins >= 0, f"segment {s.id}: pins={s.pins}"
+            assert s.pins >= owner_pins.get(s.id, 0), f"segment {s.id}: pins {s.pins} < pinned owners"
+            assert s.owners == holders.get(s.id, set()), f"segment {s.id}: owners {s.owners} != holders"
             assert s.parent is not None and s.parent.children.get((s.parent_len, s.tokens[0])) is s
             assert s.start == s.parent.start + s.parent_len
+            if s.kv is not None:
+                assert s.parent is self.root or s.parent.kv is not None, \
+                    f"segment {s.id} is resident but its parent {s.parent.id} is not (note 5)"
+                assert s.kv.shape[3] == len(s.tokens)
