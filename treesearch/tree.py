@@ -163,3 +163,46 @@ class ThoughtTree:
 
     def __repr__(self) -> str:
         return f"ThoughtTree({len(self.graph)} nodes)"
+
+    # -- views and exports (implemented in treesearch.viz) ------------------------------------------
+    def _repr_html_(self) -> str:
+        """Jupyter's inline view: self-contained SVG (layered, coloured by score, marks, hover text)."""
+        from .viz import tree_html
+
+        return tree_html(self)
+
+    def to_svg(self, max_nodes: int | None = 150) -> str:
+        """The tree as one SVG element; trees over max_nodes fold their least telling nodes into +k markers."""
+        from .viz import render_svg
+
+        return render_svg(self, max_nodes)
+
+    def to_html(self, path: str | Path, *, title: str | None = None, max_nodes: int | None = 150) -> Path:
+        """Write a standalone HTML page (no script, nothing fetched) and return its path."""
+        from .viz import write_html
+
+        return write_html(self, path, title, max_nodes)
+
+    def plot(self, ax: Any = None, **kwargs: Any) -> Any:
+        """Draw the tree with matplotlib on ax (a new figure when None); returns the axes."""
+        from .viz import plot_tree
+
+        return plot_tree(self, ax, **kwargs)
+
+    def kv_map(self) -> Any:
+        """Which KV-store segments each node's context runs through (`treesearch.viz.KVMap`)."""
+        from .viz import kv_map
+
+        return kv_map(self)
+
+    def to_graphml(self, path: str | Path, state_to_json=None) -> Path:
+        """Write GraphML (non-scalar attributes as JSON strings, KV marks as plain attributes)."""
+        from .viz import write_graphml
+
+        return write_graphml(self, path, state_to_json)
+
+    def to_node_link(self, path: str | Path, state_to_json=None) -> Path:
+        """Write node-link JSON like `save`, with the KV marks as plain attributes; `load` reads it back."""
+        from .viz import write_node_link
+
+        return write_node_link(self, path, state_to_json)

@@ -1,0 +1,190 @@
+"""Self-contained SVG of a thought tree: no script, no stylesheet link, nothing fetched.
+
+Drawing (the legend in `legend_svg` says the same to the reader):
+- a box per node, filled by score (viridis: dark = low, yellow = high; grey = not evaluated),
+  holding the score; solution nodes get a thick gold border and a star, the solution path thick
+  gold edges; pruned nodes are faded with a dashed grey border; frontier nodes a dashed blue one;
+- under the box, a KV bar: the node's context tokens, green where shared with other nodes'
+  contexts, orange where the node's own; an evicted node's bar is hollow with a red "ev" tag;
+- a CGEE tag above the box: "skip" (verification skipped) or "L<k>" (verifier stopped after layer k);
+- ASKS attachments as dashed purple arcs;
+- hover (SVG <title>): thought, state, score, depth, status, visits / mean value, KV and policy marks.
+Every node is a `<g class="node" data-id=...>`, every fold marker a `<g class="fold" data-count=k>`,
+so a page's DOM can be checked against the tree. All text is escaped: model output is data.
+"""
+
+from __future__ import annotations
+
+import itertools
+from html import escape
+from typing import Any
+
+from .layout import DEFAULT_MAX_NODES, Layout, keep_set, layout
+from .marks import NodeMarks, Structure, cgee_badge, node_marks, score_scale, short_score, structure
+
+SLOT = 54  # px per column
+ROW = 74  # px per row
+BOX_W, BOX_H = 44, 22
+PAD_X, PAD_TOP, PAD_BOTTOM = 20, 26, 22
+GOLD, PURPLE, BLUE, GREY = "#d4a017", "#8e44ad", "#2563eb", "#8c8c8c"
+SHARED, OWN, EVICTED = "#2ca02c", "#ff7f0e", "#d62728"
+_serial = itertools.count(1)
+
+
+def tree_view(tree: Any, max_nodes: int | None = DEFAULT_MAX_NODES) -> tuple[Structure, dict[int, NodeMarks], Layout]:
+    """Structure, marks and layout of a ThoughtTree (what both the SVG and the plot draw)."""
+    st = structure(tree.graph)
+    marks = node_marks(tree.graph, tree.meta, st)
+    return st, marks, layout(st, keep_set(st, marks, max_nodes))
+
+
+def render_svg(tree: Any, max_nodes: int | None = DEFAULT_MAX_NODES) -> str:
+    """The tree as one <svg> element (natural size: boxes never shrink; put it in a scrolling box)."""
+    st, marks, lay = tree_view(tree, max_nodes)
+    width = max(lay.columns, 1) * SLOT + 2 * PAD_X
+    height = max(lay.rows - 1, 0) * ROW + PAD_TOP + PAD_BOTTOM + BOX_H
+    uid = f"ts{next(_serial)}"
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="treesearch-tree" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="Helvetica, Arial, sans-serif" font-size="11" '
+           f'data-nodes="{len(tree.graph)}" data-shown="{len(lay.x)}" data-folded="{lay.folded}" role="img" '
+           f'aria-label="thought tree with {len(tree.graph)} nodes">',
+           f'<defs><pattern id="{uid}-ev" width="4" height="4" patternUnits="userSpaceOnUse">'
+           f'<path d="M0,4 L4,0" stroke="{EVICTED}" stroke-width="1"/></pattern></defs>']
+    pos = {n: _px(lay, n) for n in lay.x}
+    out.append('<g class="edges" fill="none">')
+    for n in sorted(lay.x):
+        p = st.parent.get(n)
+        if p is None or p not in pos:
+            continue
+        on = marks[n].on_path and marks[p].on_path
+        asks = any(u == p and v == n for u, v, _ in st.asks)
+        colour, w, dash = (GOLD, 3, "") if on else ((PURPLE, 1.5, ' stroke-dasharray="5 3"') if asks else ("#9a9a9a", 1.2, ""))
+        out.append(f'<path d="{_edge(pos[p], pos[n])}" stroke="{colour}" stroke-width="{w}"{dash}/>')
+    for n, hidden in lay.folds.items():
+        out.append(f'<path d="{_edge(pos[n], _fold_px(lay, n))}" stroke="#c8c8c8" stroke-width="1" stroke-dasharray="2 2"/>')
+    for u, v, val in st.asks:
+        if u in pos and v in pos and st.parent.get(v) != u:
+            out.append(f'<path class="asks" d="{_arc(pos[u], pos[v])}" stroke="{PURPLE}" stroke-width="1.5" '
+                       f'stroke-dasharray="5 3"><title>ASKS: #{v} attached to the K/V of #{u}'
+                       f'{_sigma(val)}</title></path>')
+    out.append("</g>")
+    for n in sorted(lay.x):
+        out.append(_node_svg(marks[n], pos[n], uid))
+    for n, hidden in sorted(lay.folds.items()):
+        out.append(_fold_svg(n, hidden, marks, _fold_px(lay, n)))
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _px(lay: Layout, n: int) -> tuple[float, float]:
+    return PAD_X + SLOT / 2 + lay.x[n] * SLOT, PAD_TOP + BOX_H / 2 + lay.y[n] * ROW
+
+
+def _fold_px(lay: Layout, n: int) -> tuple[float, float]:
+    return PAD_X + SLOT / 2 + lay.fold_x[n] * SLOT, PAD_TOP + BOX_H / 2 + (lay.y[n] + 1) * ROW
+
+
+def _edge(a: tuple[float, float], b: tuple[float, float]) -> str:
+    (x1, y1), (x2, y2) = a, b
+    y1 += BOX_H / 2 + 7  # below the KV bar
+    y2 -= BOX_H / 2
+    mid = (y1 + y2) / 2
+    return f"M{x1:.1f},{y1:.1f} C{x1:.1f},{mid:.1f} {x2:.1f},{mid:.1f} {x2:.1f},{y2:.1f}"
+
+
+def _arc(a: tuple[float, float], b: tuple[float, float]) -> str:
+    (x1, y1), (x2, y2) = a, b
+    lift = 18 + abs(x2 - x1) * 0.15
+    top = min(y1, y2) - BOX_H / 2 - lift
+    return f"M{x1:.1f},{y1 - BOX_H / 2:.1f} C{x1:.1f},{top:.1f} {x2:.1f},{top:.1f} {x2:.1f},{y2 - BOX_H / 2:.1f}"
+
+
+def _sigma(val: Any) -> str:
+    return f" (sigma {val:.3f})" if isinstance(val, float) else ""
+
+
+def _node_svg(m: NodeMarks, xy: tuple[float, float], uid: str) -> str:
+    x, y = xy
+    left, top = x - BOX_W / 2, y - BOX_H / 2
+    stroke, sw, dash, opacity = "#333333", 1, "", 1.0
+    if m.status == "pruned":
+        stroke, dash, opacity = GREY, ' stroke-dasharray="3 2"', 0.45
+    elif m.status == "frontier":
+        stroke, dash = BLUE, ' stroke-dasharray="3 2"'
+    if m.status == "solution" or m.solved:
+        stroke, sw = GOLD, 3
+    elif m.on_path:
+        stroke, sw = GOLD, 2
+    text = "#ffffff" if m.dark else "#111111"
+    parts = [f'<g class="node status-{escape(m.status)}" data-id="{m.id}" data-status="{escape(m.status)}" '
+             f'opacity="{opacity}"><title>{escape(m.title)}</title>',
+             f'<rect x="{left:.1f}" y="{top:.1f}" width="{BOX_W}" height="{BOX_H}" rx="5" fill="{m.fill}" '
+             f'stroke="{stroke}" stroke-width="{sw}"{dash}/>',
+             f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle" fill="{text}">{escape(short_score(m.score))}</text>']
+    if m.status == "solution" or m.solved:
+        parts.append(f'<text x="{left - 2:.1f}" y="{top + 2:.1f}" font-size="14" fill="{GOLD}" '
+                     f'text-anchor="middle">★</text>')
+    if m.kv_tokens:
+        parts.append(_kv_bar(m, left, top + BOX_H + 2, uid))
+    badge = cgee_badge(m.cgee)
+    if badge:
+        parts.append(f'<text class="cgee" x="{left + BOX_W:.1f}" y="{top - 3:.1f}" text-anchor="end" font-size="9" '
+                     f'fill="{BLUE}">{escape(badge)}</text>')
+    if m.asks_from:
+        parts.append(f'<text class="asks-mark" x="{left:.1f}" y="{top - 3:.1f}" font-size="9" fill="{PURPLE}">asks</text>')
+    parts.append("</g>")
+    return "".join(parts)
+
+
+def _kv_bar(m: NodeMarks, left: float, top: float, uid: str) -> str:
+    w_shared = BOX_W * m.kv_shared / m.kv_tokens
+    if m.evicted:
+        return (f'<rect class="kv evicted" x="{left:.1f}" y="{top:.1f}" width="{BOX_W}" height="4" '
+                f'fill="url(#{uid}-ev)" stroke="{EVICTED}" stroke-width="0.6"/>'
+                f'<text x="{left + BOX_W + 2:.1f}" y="{top + 5:.1f}" font-size="8" fill="{EVICTED}">ev</text>')
+    return (f'<rect class="kv shared" x="{left:.1f}" y="{top:.1f}" width="{w_shared:.1f}" height="4" fill="{SHARED}"/>'
+            f'<rect class="kv own" x="{left + w_shared:.1f}" y="{top:.1f}" width="{BOX_W - w_shared:.1f}" height="4" '
+            f'fill="{OWN}"/>')
+
+
+def _fold_svg(n: int, hidden: list[int], marks: dict[int, NodeMarks], xy: tuple[float, float]) -> str:
+    x, y = xy
+    pruned = sum(1 for h in hidden if marks[h].status == "pruned")
+    scores = [marks[h].score for h in hidden if marks[h].score is not None]
+    best = f", best score {max(scores):.4g}" if scores else ""
+    ids = ", ".join(f"#{h}" for h in hidden[:40]) + (" …" if len(hidden) > 40 else "")
+    title = f"{len(hidden)} nodes folded under #{n} ({pruned} pruned{best}): {ids}"
+    return (f'<g class="fold" data-parent="{n}" data-count="{len(hidden)}"><title>{escape(title)}</title>'
+            f'<rect x="{x - 18:.1f}" y="{y - 9:.1f}" width="36" height="18" rx="9" fill="#f2f2f2" stroke="#b0b0b0"/>'
+            f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle" fill="#555555">+{len(hidden)}</text></g>')
+
+
+def legend_svg(tree: Any) -> str:
+    """A one-line legend: the score colour range and every mark the tree view uses."""
+    scale = score_scale(tree.graph)
+    stops = "".join(f'<stop offset="{i / 8:.3f}" stop-color="{c}"/>' for i, c in
+                    enumerate(("#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89", "#35b779",
+                               "#6ece58", "#fde725")))
+    uid = f"ts{next(_serial)}"
+    lo, hi = f"{scale.lo:.3g}", f"{scale.hi:.3g}"
+    items = [
+        f'<text x="0" y="14">score {escape(lo)}</text>',
+        f'<rect x="62" y="4" width="70" height="12" fill="url(#{uid}-g)"/>',
+        f'<text x="136" y="14">{escape(hi)}{" (log)" if scale.log else ""}</text>',
+        f'<rect x="200" y="4" width="18" height="12" rx="3" fill="#fff" stroke="{GOLD}" stroke-width="3"/>'
+        '<text x="222" y="14">solution</text>',
+        f'<rect x="280" y="4" width="18" height="12" rx="3" fill="#fff" stroke="{GREY}" stroke-dasharray="3 2" '
+        'opacity="0.6"/><text x="302" y="14">pruned</text>',
+        f'<rect x="350" y="4" width="18" height="12" rx="3" fill="#fff" stroke="{BLUE}" stroke-dasharray="3 2"/>'
+        '<text x="372" y="14">frontier</text>',
+        f'<rect x="428" y="8" width="12" height="4" fill="{SHARED}"/><rect x="440" y="8" width="8" height="4" '
+        f'fill="{OWN}"/><text x="452" y="14">KV shared / own</text>',
+        f'<text x="550" y="14" fill="{EVICTED}">ev</text><text x="566" y="14">evicted</text>',
+        f'<text x="618" y="14" fill="{BLUE}">skip L12</text><text x="666" y="14">CGEE</text>',
+        f'<path d="M706,10 L730,10" stroke="{PURPLE}" stroke-width="1.5" stroke-dasharray="5 3"/>'
+        '<text x="734" y="14">ASKS</text>',
+        '<text x="772" y="14">+k folded</text>',
+    ]
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="treesearch-legend" width="840" height="20" '
+            f'font-family="Helvetica, Arial, sans-serif" font-size="11"><defs><linearGradient id="{uid}-g">{stops}'
+            f'</linearGradient></defs>{"".join(items)}</svg>')
