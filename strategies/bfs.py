@@ -3,7 +3,9 @@
 At each depth t < max_depth: expand every kept state, value every child, keep the `breadth`
 children with the highest value (ties: earlier node id first) and prune the rest:
     S_{t+1} = argmax_{S subset of C_t, |S| = b} sum_{s in S} V(s),  C_t = children of S_t.
+Kept terminal states stay kept (they are answers); solved ones are marked as solutions.
 Stops early when no kept state can be expanded (all terminal) or nothing was proposed.
+Resumable: expansions and scores already on the tree are reused (see `strategies.base`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .base import best_by_score
+from treesearch.errors import ConfigError
+
+from .base import best_by_score, depth_limit, evaluate_once, expand_once
 
 
 @dataclass(kw_only=True)
@@ -23,23 +27,23 @@ class BFS:
 
     def __post_init__(self) -> None:
         if self.breadth < 1:
-            raise ValueError(f"breadth={self.breadth}; use at least 1")
+            raise ConfigError(f"breadth={self.breadth}; use at least 1")
 
     def run(self, searcher: Any) -> int | None:
         tree = searcher.tree
-        depth_limit = self.max_depth if self.max_depth is not None else searcher.problem.max_depth
         kept = [tree.root]
-        for _ in range(depth_limit):
+        for _ in range(depth_limit(self.max_depth, searcher)):
             live = [n for n in kept if not tree.node(n)["terminal"]]
             if not live:
                 break
-            candidates = [c for kids in searcher.expand(live) for c in kids]
+            candidates = [c for kids in expand_once(searcher, live) for c in kids]
             if not candidates:
                 break
-            scores = searcher.evaluate(candidates)
+            scores = evaluate_once(searcher, candidates)
             order = sorted(range(len(candidates)), key=lambda i: (-scores[i], candidates[i]))
             chosen = [candidates[i] for i in order[: self.breadth]]
-            searcher.prune([c for c in candidates if c not in set(chosen)])
+            taken = set(chosen)
+            searcher.prune([c for c in candidates if c not in taken])
             for c in chosen:
                 if tree.node(c)["solved"]:
                     searcher.mark_solution(c)

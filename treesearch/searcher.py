@@ -15,7 +15,7 @@ from typing import Any
 from .config import RKSCConfig, Sampling
 from .engine import Engine, _mix
 from .errors import ProblemDefinitionError
-from .problem import Problem, check_children, check_problem, check_prompt, check_value
+from .problem import Child, Problem, check_children, check_problem, check_prompt, check_value
 from .runtime import LanguageModel
 from .tree import ThoughtTree
 
@@ -103,22 +103,30 @@ class Searcher:
                 owners.append(n)
                 who.append(n)
         gens = self.engine.generate(prompts, self.sampling, seeds=seeds, owners=owners)
-        out: dict[int, list[int]] = {n: [] for n in nodes}
+        # Phase 1 calls every Problem method; phase 2 writes the tree. An exception (or Ctrl-C) in a
+        # Problem method thus leaves the tree untouched: an expansion is all or nothing, and a
+        # resumed search repeats it whole, with the same node ids.
+        parsed: list[tuple[int, Any, list[tuple[Child, bool, bool]]]] = []
         seen: dict[int, set] = {n: set() for n in nodes}
         for n, gen in zip(who, gens):
-            d = tree.node(n)
-            d.setdefault("generations", []).append(gen.text)
-            children = check_children(p, p.parse_children(d["state"], gen.text))
-            for c in children:
+            kept = []
+            for c in check_children(p, p.parse_children(tree.node(n)["state"], gen.text)):
                 key = p.state_key(c.state)
                 if key in seen[n]:
                     continue
                 seen[n].add(key)
+                kept.append((c, *self._flags(c.state)))
+            parsed.append((n, gen, kept))
+        out: dict[int, list[int]] = {n: [] for n in nodes}
+        for n, gen, kept in parsed:
+            tree.node(n).setdefault("generations", []).append(gen.text)
+            for c, terminal, solved in kept:
                 cid = tree.add_child(n, c.thought, c.state, confidence=gen.confidence)
+                d = tree.node(cid)
                 if c.prior is not None:
-                    tree.node(cid)["prior"] = float(c.prior)
-                tree.node(cid)["kv"] = gen.handle
-                self._mark_new(cid)
+                    d["prior"] = float(c.prior)
+                d["kv"] = gen.handle
+                d["terminal"], d["solved"] = terminal, solved
                 out[n].append(cid)
         for n in nodes:
             tree.set_status(n, "expanded")
@@ -172,8 +180,12 @@ class Searcher:
     # -- helpers -------------------------------------------------------------------------------------
     def _mark_new(self, nid: int) -> None:
         d = self.tree.node(nid)
-        d["terminal"] = bool(self.problem.is_terminal(d["state"]))
-        d["solved"] = bool(d["terminal"] and self.problem.is_solved(d["state"]))
+        d["terminal"], d["solved"] = self._flags(d["state"])
+
+    def _flags(self, state: Any) -> tuple[bool, bool]:
+        """(terminal, solved) of a state, from the problem."""
+        terminal = bool(self.problem.is_terminal(state))
+        return terminal, bool(terminal and self.problem.is_solved(state))
 
     def _tick(self, n: int) -> None:
         if self._bar is not None:
