@@ -20,7 +20,7 @@ from html import escape
 from typing import Any
 
 from .layout import DEFAULT_MAX_NODES, Layout, keep_set, layout
-from .marks import NodeMarks, Structure, cgee_badge, node_marks, score_scale, short_score, structure
+from .marks import VIRIDIS, NodeMarks, Structure, cgee_badge, node_marks, score_scale, short_score, structure
 
 SLOT = 54  # px per column
 ROW = 74  # px per row
@@ -162,29 +162,40 @@ def _fold_svg(n: int, hidden: list[int], marks: dict[int, NodeMarks], xy: tuple[
 def legend_svg(tree: Any) -> str:
     """A one-line legend: the score colour range and every mark the tree view uses."""
     scale = score_scale(tree.graph)
-    stops = "".join(f'<stop offset="{i / 8:.3f}" stop-color="{c}"/>' for i, c in
-                    enumerate(("#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89", "#35b779",
-                               "#6ece58", "#fde725")))
     uid = f"ts{next(_serial)}"
-    lo, hi = f"{scale.lo:.3g}", f"{scale.hi:.3g}"
-    items = [
-        f'<text x="0" y="14">score {escape(lo)}</text>',
-        f'<rect x="62" y="4" width="70" height="12" fill="url(#{uid}-g)"/>',
-        f'<text x="136" y="14">{escape(hi)}{" (log)" if scale.log else ""}</text>',
-        f'<rect x="200" y="4" width="18" height="12" rx="3" fill="#fff" stroke="{GOLD}" stroke-width="3"/>'
-        '<text x="222" y="14">solution</text>',
-        f'<rect x="280" y="4" width="18" height="12" rx="3" fill="#fff" stroke="{GREY}" stroke-dasharray="3 2" '
-        'opacity="0.6"/><text x="302" y="14">pruned</text>',
-        f'<rect x="350" y="4" width="18" height="12" rx="3" fill="#fff" stroke="{BLUE}" stroke-dasharray="3 2"/>'
-        '<text x="372" y="14">frontier</text>',
-        f'<rect x="428" y="8" width="12" height="4" fill="{SHARED}"/><rect x="440" y="8" width="8" height="4" '
-        f'fill="{OWN}"/><text x="452" y="14">KV shared / own</text>',
-        f'<text x="550" y="14" fill="{EVICTED}">ev</text><text x="566" y="14">evicted</text>',
-        f'<text x="618" y="14" fill="{BLUE}">skip L12</text><text x="666" y="14">CGEE</text>',
-        f'<path d="M706,10 L730,10" stroke="{PURPLE}" stroke-width="1.5" stroke-dasharray="5 3"/>'
-        '<text x="734" y="14">ASKS</text>',
-        '<text x="772" y="14">+k folded</text>',
-    ]
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="treesearch-legend" width="840" height="20" '
+    stops = "".join(f'<stop offset="{i / (len(VIRIDIS) - 1):.3f}" stop-color="{c}"/>' for i, c in enumerate(VIRIDIS))
+    x, items = 0.0, []
+
+    def text(t: str, colour: str = "#111111") -> None:
+        nonlocal x
+        items.append(f'<text x="{x:.0f}" y="14" fill="{colour}">{escape(t)}</text>')
+        x += 6.8 * len(t) + 10
+
+    def swatch(body: str, w: float) -> None:
+        nonlocal x
+        items.append(body.format(x=f"{x:.0f}", x2=f"{x + w:.0f}"))
+        x += w + 4
+
+    text(f"score {scale.lo:.3g}")
+    swatch(f'<rect x="{{x}}" y="4" width="70" height="12" fill="url(#{uid}-g)"/>', 70)
+    text(f"{scale.hi:.3g}" + (" (log)" if scale.log else ""))
+    for label, stroke, extra in (("solution", GOLD, ' stroke-width="3"'), ("pruned", GREY, ' stroke-dasharray="3 2" opacity="0.6"'),
+                                 ("frontier", BLUE, ' stroke-dasharray="3 2"')):
+        swatch(f'<rect x="{{x}}" y="4" width="18" height="12" rx="3" fill="#ffffff" stroke="{stroke}"{extra}/>', 18)
+        text(label)
+    swatch(f'<rect x="{{x}}" y="8" width="12" height="4" fill="{SHARED}"/>', 12)
+    x -= 4
+    swatch(f'<rect x="{{x}}" y="8" width="8" height="4" fill="{OWN}"/>', 8)
+    text("KV shared / own")
+    text("ev", EVICTED)
+    x -= 6
+    text("evicted")
+    text("skip L12", BLUE)
+    x -= 6
+    text("CGEE")
+    swatch(f'<path d="M{{x}},10 L{{x2}},10" stroke="{PURPLE}" stroke-width="1.5" stroke-dasharray="5 3"/>', 24)
+    text("ASKS")
+    text("+k folded")
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="treesearch-legend" width="{x:.0f}" height="20" '
             f'font-family="Helvetica, Arial, sans-serif" font-size="11"><defs><linearGradient id="{uid}-g">{stops}'
             f'</linearGradient></defs>{"".join(items)}</svg>')
