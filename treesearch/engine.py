@@ -26,8 +26,9 @@ import torch
 
 from .attention import BatchKV
 from .config import RKSCConfig, Sampling
-from .errors import ContextTooLongError, ProblemDefinitionError
+from .errors import CacheBudgetError, ContextTooLongError, ProblemDefinitionError
 from .kvstore import Chain, KVStore, Segment
+from .rsbcm import Priority, RSBCMPolicy
 from .runtime import LanguageModel
 from .stats import Stats
 from .tokentrie import TokenTrie
@@ -82,7 +83,10 @@ class Engine:
         self.config = config or RKSCConfig()
         self.max_batch = max_batch
         self.share_min_tokens = share_min_tokens
-        self.store = KVStore(lm.kv_bytes_per_token, self.config.block_size)
+        self.policy = RSBCMPolicy()
+        self.store = KVStore(lm.kv_bytes_per_token, self.config.block_size, budget=self.config.cache_budget,
+                             policy=self.policy)
+        self._call_pins: list[Chain] = []  # chains pinned for the running engine call
         self.stats = Stats()
         self.unique = TokenTrie()
         self._known: dict[str, tuple[int, ...]] = {}
@@ -134,6 +138,24 @@ class Engine:
                 "token differs, e.g. with a leading space: ' sure', ' likely', ' impossible'")
         return ids
 
+    # -- ownership and eviction priority (RSBCM) --------------------------------------------------
+    def set_priority(self, fn: Priority | None) -> None:
+        """Install owner -> omega (see `treesearch.rsbcm`); the Searcher passes score/(depth+1)."""
+        self.policy.priority = fn
+
+    def acquire(self, owner: Any, handle: Handle | None) -> None:
+        """`owner` holds the K/V of the context ending at `handle` (no-op for None)."""
+        if handle is not None and self.config.shares:
+            self.store.acquire(owner, handle)
+
+    def release(self, owner: Any) -> None:
+        """`owner` lets go of every context it holds; blocks no one holds become free (evicted first)."""
+        self.store.release(owner)
+
+    def pin_owner(self, owner: Any) -> None:
+        """Never evict what `owner` holds (e.g. the root node's prompt) until it is released."""
+        self.store.pin_owner(owner)
+
     # -- public operations -----------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompts: Sequence[str], sampling: Sampling | None = None, *,
@@ -149,8 +171,11 @@ class Engine:
         out: list[Generation] = []
         for lo in range(0, len(prompts), self.max_batch):
             hi = lo + self.max_batch
-            out += self._generate_batch(list(prompts[lo:hi]), sampling, list(seeds[lo:hi]),
-                                        None if owners is None else list(owners[lo:hi]))
+            try:
+                out += self._generate_batch(list(prompts[lo:hi]), sampling, list(seeds[lo:hi]),
+                                            None if owners is None else list(owners[lo:hi]))
+            finally:
+                self._unpin_call()
         return out
 
     @torch.no_grad()
@@ -169,8 +194,11 @@ class Engine:
         out: list[Score] = []
         for lo in range(0, len(prompts), self.max_batch):
             hi = lo + self.max_batch
-            out += self._score_batch(list(prompts[lo:hi]), list(labels), label_ids,
-                                     None if owners is None else list(owners[lo:hi]), exit_rule)
+            try:
+                out += self._score_batch(list(prompts[lo:hi]), list(labels), label_ids,
+                                         None if owners is None else list(owners[lo:hi]), exit_rule)
+            finally:
+                self._unpin_call()
         return out
 
     # -- phases ----------------------------------------------------------------------------------
@@ -185,10 +213,39 @@ class Engine:
                     f"{self.lm.max_context}; shorten the prompt or lower max_new_tokens (prompt starts {p[:60]!r})")
         if self.config.shares:
             self._lookup(rows)
+            self._check_budget(rows, extra_tokens)
             self._share_common_runs(rows)
+            for r in rows:  # the running batch's chains stay pinned until the call ends
+                self._pin(r.chain)
             for r in rows:
                 self._ensure_resident(r.chain)
         return rows
+
+    def _pin(self, chain: Chain) -> None:
+        self.store.pin(chain)
+        self._call_pins.append(chain)
+
+    def _unpin_call(self) -> None:
+        for chain in self._call_pins:
+            self.store.unpin(chain)
+        self._call_pins = []
+        self.stats.evicted_blocks = self.store.evicted_blocks
+
+    def _check_budget(self, rows: list[_Row], extra_tokens: int) -> None:
+        """Fail before any work when the budget cannot hold one batch: its chains, its new tokens'
+        blocks (prompt rest + fed-back generated tokens) and the permanently pinned segments."""
+        budget = self.store.budget
+        if budget is None:
+            return
+        chains = [pair for r in rows for pair in r.chain]
+        blocks = sum(_ceil(len(r.ids) - r.matched, self.store.block_size)
+                     + _ceil(max(0, extra_tokens - 1), self.store.block_size) for r in rows)
+        need = self.store.pinned_bytes(chains) + blocks * self.store.block_bytes
+        if need > budget:
+            raise CacheBudgetError(
+                f"cache_budget={budget} bytes is smaller than one batch of {len(rows)} rows needs: at least "
+                f"{need} bytes ({need // self.store.bytes_per_token} tokens of K/V in blocks of "
+                f"{self.store.block_size}); raise --cache-budget to at least {need} or use smaller batches")
 
     def _lookup(self, rows: list[_Row]) -> None:
         for r in rows:
@@ -203,7 +260,7 @@ class Engine:
                 if r.matched < len(r.ids) - 1:
                     end = (r.chain[-1][0].id, r.chain[-1][1]) if r.chain else (0, 0)
                     groups.setdefault((end, r.ids[r.matched]), []).append(r)
-            runs = []
+            runs: list[tuple[Chain, list[int], int, list[int]]] = []
             for members in groups.values():
                 if len(members) < 2:
                     continue
@@ -213,27 +270,50 @@ class Engine:
                 while lcp < n and all(m.ids[m.matched + lcp] == first.ids[first.matched + lcp] for m in members):
                     lcp += 1
                 if lcp >= self.share_min_tokens:
-                    runs.append((first.chain, first.ids[first.matched:first.matched + lcp], first.matched))
+                    runs.append((first.chain, first.ids[first.matched:first.matched + lcp], first.matched,
+                                 first.ids[:first.matched + lcp]))
             if not runs:
                 return
-            for chain, _, _ in runs:
-                self._ensure_resident(chain)
+            for run in runs:
+                self._pin(run[0])
+            for run in runs:
+                self._ensure_resident(run[0])
             self._prefill_runs(runs)
             self._lookup(rows)
 
-    def _prefill_runs(self, runs: list[tuple[Chain, list[int], int]]) -> None:
+    def _prefill_runs(self, runs: list[tuple[Chain, list[int], int, list[int]]]) -> None:
         """Forward runs of tokens (each continuing a cached chain) and store their K/V."""
-        lens = [len(t) for _, t, _ in runs]
-        batch, _ = self._prefill([c for c, _, _ in runs], [t for _, t, _ in runs], [s for _, _, s in runs],
+        lens = [len(t) for _, t, _, _ in runs]
+        batch, _ = self._prefill([r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs],
                                  extra=0, want_logits=False)
-        for b, (chain, toks, _) in enumerate(runs):
-            self.store.insert(chain, toks, batch.row_kv(b, 0, lens[b]))
         self.store.note_peak(batch.nbytes)
+        for b, (_, _, start, ids) in enumerate(runs):
+            self._insert(ids, start, batch.row_kv(b, 0, lens[b]))
 
-    def _ensure_resident(self, chain: Chain) -> None:
-        """Recompute evicted segments of a chain from their nearest cached ancestor."""
+    def _insert(self, ids: list[int], start: int, kv: Any) -> Handle:
+        """Store the K/V of ids[start:] (given as kv) after the cached ids[:start]; returns the end
+        handle, pinned for the rest of the call. Evicted segments the tokens run through are
+        refilled from kv when it covers them, else recomputed (so the handle is resident)."""
+        chain, m = self.store.lookup(ids)
+        self._pin(chain)
+        self._ensure_resident(chain, known=(start, kv))
+        if m == len(ids):
+            return chain[-1]
+        end = self.store.insert(chain, ids[m:], kv[:, :, :, m - start:])
+        self._pin([end])
+        return end
+
+    def _ensure_resident(self, chain: Chain, known: tuple[int, Any] | None = None) -> None:
+        """Recompute evicted segments of a chain from their nearest cached ancestor.
+
+        known=(start, kv): the K/V of absolute positions start.. (a segment inside it is refilled
+        from it instead of recomputed)."""
         for i, (seg, _) in enumerate(chain):
             if seg.kv is not None:
+                continue
+            if known is not None and seg.start >= known[0] and seg.start + len(seg) <= known[0] + known[1].shape[3]:
+                lo = seg.start - known[0]
+                self.store.refill(seg, known[1][:, :, :, lo:lo + len(seg)])
                 continue
             prefix = [(s, u) for s, u in chain[:i]]
             batch, _ = self._prefill([prefix], [list(seg.tokens)], [seg.start], extra=0, want_logits=False)
@@ -313,7 +393,8 @@ class Engine:
         ends: list[Handle | None] = [None] * len(rows)
         if self.config.shares:
             for b, r in enumerate(rows):
-                ends[b] = self.store.insert(r.chain, news[b], batch.row_kv(b, 0, lens[b]))
+                ends[b] = self._insert(r.ids, r.matched, batch.row_kv(b, 0, lens[b]))
+            self.store.note_peak(batch.nbytes)
         gens: list[list[int]] = [[] for _ in rows]
         logps: list[list[float]] = [[] for _ in rows]
         finish = ["length"] * len(rows)
@@ -372,8 +453,9 @@ class Engine:
         fed = len(gen) - 1
         if not self.config.shares or fed <= 0 or end is None:
             return end
-        chain = end[0].context_chain(end[1])
-        return self.store.insert(chain, gen[:fed], batch.row_kv(j, nmax, nmax + fed))
+        end = self._insert(row.ids + gen[:fed], len(row.ids), batch.row_kv(j, nmax, nmax + fed))
+        self.store.note_peak(batch.nbytes)
+        return end
 
     def _finished(self, gen: list[int], sampling: Sampling) -> str | None:
         if gen[-1] in self.eos_ids:
@@ -396,7 +478,7 @@ class Engine:
         for b, r in enumerate(rows):
             end = None
             if self.config.shares and full:
-                end = self.store.insert(r.chain, news[b], batch.row_kv(b, 0, len(news[b])))
+                end = self._insert(r.ids, r.matched, batch.row_kv(b, 0, len(news[b])))
             if full:
                 raw = {lab: float(probs[b, i]) for lab, i in zip(labels, label_ids)}
             else:
@@ -414,12 +496,8 @@ class Engine:
         if owners is None:
             return
         for res, owner in zip(results, owners):
-            if res.handle is None or owner is None:
-                continue
-            seg = res.handle[0]
-            while seg is not None and seg.parent is not None:
-                seg.owners.add(owner)
-                seg = seg.parent
+            if res.handle is not None and owner is not None:
+                self.store.acquire(owner, res.handle)
 
 
 def _eos_ids(lm: LanguageModel) -> set[int]:
@@ -432,6 +510,10 @@ def _eos_ids(lm: LanguageModel) -> set[int]:
     if lm.tokenizer.eos_token_id is not None:
         ids.add(lm.tokenizer.eos_token_id)
     return ids
+
+
+def _ceil(n: int, d: int) -> int:
+    return -(-n // d)
 
 
 def _mix(*parts: int) -> int:

@@ -72,6 +72,8 @@ class Searcher:
                               strategy=type(self.strategy).__name__)
         root = self.tree.add_root(self.problem.initial_state(x))
         self._mark_new(root)
+        self.engine.set_priority(self._omega)  # RSBCM: evict low score/(depth+1) first
+        self.engine.pin_owner(root)  # the root prompt is never evicted
         t0 = time.perf_counter()
         self._bar = _progress(self.progress)
         try:
@@ -126,6 +128,7 @@ class Searcher:
                 if c.prior is not None:
                     d["prior"] = float(c.prior)
                 d["kv"] = gen.handle
+                self.engine.acquire(cid, gen.handle)
                 d["terminal"], d["solved"] = terminal, solved
                 out[n].append(cid)
         for n in nodes:
@@ -173,6 +176,7 @@ class Searcher:
         for n in nodes:
             if self.tree.node(n)["status"] != "solution":
                 self.tree.set_status(n, "pruned")
+                self.engine.release(n)  # its KV blocks become free (evicted first)
 
     def mark_solution(self, node: int) -> None:
         self.tree.set_status(node, "solution")
@@ -186,6 +190,13 @@ class Searcher:
         """(terminal, solved) of a state, from the problem."""
         terminal = bool(self.problem.is_terminal(state))
         return terminal, bool(terminal and self.problem.is_solved(state))
+
+    def _omega(self, nid: Any) -> float | None:
+        """RSBCM priority of a node: score / (depth + 1), None while unscored."""
+        if nid not in self.tree:
+            return None
+        d = self.tree.node(nid)
+        return None if d["score"] is None else d["score"] / (d["depth"] + 1)
 
     def _tick(self, n: int) -> None:
         if self._bar is not None:
