@@ -37,6 +37,8 @@ _EXPORTS = {
     "CacheBudgetError": "treesearch.errors",
     "ParseError": "treesearch.errors",
     "ConfigError": "treesearch.errors",
+    "SaveFileError": "treesearch.errors",
+    "ResumeError": "treesearch.errors",
 }
 
 __all__ = sorted(_EXPORTS)

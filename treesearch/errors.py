@@ -29,3 +29,11 @@ class ParseError(TreeSearchError, ValueError):
 
 class ConfigError(TreeSearchError, ValueError):
     """An invalid configuration value."""
+
+
+class SaveFileError(TreeSearchError):
+    """A saved search or tree file is truncated, corrupted or of another format; nothing was loaded."""
+
+
+class ResumeError(TreeSearchError):
+    """A saved search cannot be continued by this Searcher (other problem, seed or strategy)."""

@@ -7,14 +7,18 @@ so the branches of a step share one forward per phase.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .config import RKSCConfig, Sampling
 from .engine import Engine, _mix
-from .errors import ProblemDefinitionError
+from .errors import ProblemDefinitionError, ResumeError, SaveFileError
 from .problem import Child, Problem, check_children, check_problem, check_prompt, check_value
 from .runtime import LanguageModel
 from .tree import ThoughtTree
@@ -24,7 +28,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SearchResult:
-    """What `Searcher.solve` returns."""
+    """What `Searcher.solve` and `Searcher.resume` return, and what an interrupted search leaves on
+    its exception as `exc.partial_result` (status "interrupted", error naming the exception).
+
+    `save(path)` / `SearchResult.load(path, problem)` round-trip everything but the KV handles
+    (see `treesearch.persist` for the file format and its checks)."""
 
     tree: ThoughtTree
     best: int | None
@@ -32,11 +40,35 @@ class SearchResult:
     solved: bool
     stats: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
+    status: str = "complete"  # "complete" | "interrupted"
+    error: str | None = None  # repr of the exception that interrupted the search
+    problem: Problem | None = field(default=None, repr=False, compare=False)  # converts states on save
 
     def to_json(self, problem: Problem | None = None) -> dict:
+        problem = problem or self.problem
         conv = problem.state_to_json if problem is not None else None
-        return {"answer": self.answer, "solved": self.solved, "best": self.best, "stats": self.stats,
-                "config": self.config, "tree": self.tree.to_json(conv)}
+        return {"answer": self.answer, "solved": self.solved, "best": self.best, "status": self.status,
+                "error": self.error, "stats": self.stats, "config": self.config, "tree": self.tree.to_json(conv)}
+
+    def save(self, path: str | Path, problem: Problem | None = None) -> Path:
+        """Write the result to path atomically, with a checksum; states go through the problem's
+        `state_to_json` (the problem that produced the result, unless another is given)."""
+        from .persist import save_payload
+
+        return save_payload(path, self.to_json(problem))
+
+    @classmethod
+    def load(cls, path: str | Path, problem: Problem | None = None) -> "SearchResult":
+        """Read a saved result; with the problem, states are rebuilt by its `state_from_json` (needed
+        to resume). A truncated, edited or damaged file raises SaveFileError and loads nothing."""
+        from .persist import load_payload
+
+        r = load_payload(path)
+        tree = ThoughtTree.from_json(r["tree"], problem.state_from_json if problem is not None else None)
+        if r["best"] is not None and r["best"] not in tree:
+            raise SaveFileError(f"{path}: best node {r['best']} is not in the saved tree; nothing was loaded")
+        return cls(tree=tree, best=r["best"], answer=r["answer"], solved=r["solved"], stats=r["stats"],
+                   config=r["config"], status=r["status"], error=r["error"], problem=problem)
 
 
 class Searcher:
@@ -62,34 +94,109 @@ class Searcher:
         self._values: dict[str, float] = {}
         self._bar = None
 
-    # -- entry point -------------------------------------------------------------------------------
+    # -- entry points ------------------------------------------------------------------------------
     def solve(self, x: Any) -> SearchResult:
-        """Search from input x; returns the tree, the best node, its answer and the stats."""
-        self.engine = Engine(self.model, self.config)
+        """Search from input x; returns the tree, the best node, its answer and the stats.
+
+        Interruption: any exception (KeyboardInterrupt included) propagates unchanged, carrying the
+        partial search as `exc.partial_result` (a SearchResult with status "interrupted"); it is
+        also `searcher.partial_result`. Save it and continue later with `resume`."""
         self.tree = ThoughtTree()
-        self._values = {}
         self.tree.meta.update(problem=self.problem.name, input=str(x), seed=self.seed,
-                              strategy=type(self.strategy).__name__)
+                              strategy=type(self.strategy).__name__, strategy_config=_describe(self.strategy),
+                              sampling=_describe(self.sampling))
         root = self.tree.add_root(self.problem.initial_state(x))
         self._mark_new(root)
+        return self._run()
+
+    def resume(self, saved: SearchResult | ThoughtTree | str | Path) -> SearchResult:
+        """Continue a search from a saved or interrupted one (a SearchResult, its tree, or a file
+        written by `SearchResult.save`) to the result an uninterrupted run gives.
+
+        How: the strategy runs again over a copy of the saved tree; strategies reuse the children
+        and scores already on it (`strategies.base.expand_once` / `evaluate_once`), so the finished
+        part costs no model call and the rest is generated with the same per-node seeds. The engine
+        starts with an empty KV cache (results do not depend on it). The searcher must match the
+        saved search: same problem, seed, sampling and strategy settings (ResumeError otherwise).
+        `stats` count the work of this call; earlier calls' stats are in tree.meta["previous_stats"]."""
+        if isinstance(saved, (str, Path)):
+            saved = SearchResult.load(saved, self.problem)
+        prev = saved.stats if isinstance(saved, SearchResult) else None
+        tree = saved.tree if isinstance(saved, SearchResult) else saved
+        if not isinstance(tree, ThoughtTree) or not len(tree):
+            raise ResumeError(f"resume needs a SearchResult, a ThoughtTree with a root or a saved file; got {saved!r:.60}")
+        self._check_resumable(tree)
+        self.tree = _fresh_copy(tree)
+        if prev:
+            self.tree.meta["previous_stats"] = list(self.tree.meta.get("previous_stats", [])) + [dict(prev)]
+        return self._run()
+
+    def _run(self) -> SearchResult:
+        """Run the strategy over self.tree with a fresh engine; on any exception attach the partial result."""
+        self.engine = Engine(self.model, self.config)
+        self._values = {}
+        self._prime_values()
         self.engine.set_priority(self._omega)  # RSBCM: evict low score/(depth+1) first
-        self.engine.pin_owner(root)  # the root prompt is never evicted
+        self.engine.pin_owner(self.tree.root)  # the root prompt is never evicted
+        self.partial_result = None
         t0 = time.perf_counter()
         self._bar = _progress(self.progress)
         try:
             best = self.strategy.run(self)
+        except BaseException as exc:
+            self.engine.stats.wall_s = time.perf_counter() - t0
+            self._attach_partial(exc)
+            raise
         finally:
             if self._bar is not None:
                 self._bar.close()
         self.engine.stats.wall_s = time.perf_counter() - t0
         return self.result(best)
 
-    def result(self, best: int | None) -> SearchResult:
+    def result(self, best: int | None, *, status: str = "complete", error: str | None = None) -> SearchResult:
         state = self.tree.node(best)["state"] if best is not None else None
         answer = self.problem.answer(state) if best is not None else None
         solved = bool(best is not None and self.problem.is_solved(state))
         return SearchResult(tree=self.tree, best=best, answer=answer, solved=solved,
-                            stats=self.engine.stats.as_dict(), config=self.config.to_dict())
+                            stats=self.engine.stats.as_dict(), config=self.config.to_dict(), status=status,
+                            error=error, problem=self.problem)
+
+    def _attach_partial(self, exc: BaseException) -> None:
+        """Put the partial search on the exception (and on self) so nothing found is lost."""
+        try:
+            solutions = self.tree.nodes_with(status="solution")
+            best = max(solutions, key=lambda n: (self.tree.node(n)["score"] or 0.0, -n)) if solutions else None
+            part = self.result(best, status="interrupted", error=f"{type(exc).__name__}: {exc}"[:500])
+        except Exception:  # never mask the original exception
+            log.exception("could not build the partial result")
+            return
+        self.partial_result = part
+        try:
+            exc.partial_result = part  # type: ignore[attr-defined]
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"treesearch: the partial search ({len(self.tree)} nodes) is exc.partial_result; "
+                             "save it with .save(path) and continue with Searcher.resume(...)")
+        except (AttributeError, TypeError):  # an exception type that takes no attributes
+            pass
+
+    def _check_resumable(self, tree: ThoughtTree) -> None:
+        m = tree.meta
+        mine = {"problem": self.problem.name, "seed": self.seed, "strategy": type(self.strategy).__name__,
+                "strategy_config": _describe(self.strategy), "sampling": _describe(self.sampling)}
+        for key, value in mine.items():
+            if key in m and m[key] != value:
+                raise ResumeError(f"the saved search has {key}={m[key]!r} but this Searcher has {value!r}; build the "
+                                  f"Searcher with the saved search's {key} to continue it")
+
+    def _prime_values(self) -> None:
+        """Re-enter the LM values already on the tree into the prompt -> value memo, so a resumed
+        search reuses them exactly as the uninterrupted search would have."""
+        p = self.problem
+        for n, d in self.tree.graph.nodes(data=True):
+            if d.get("score") is not None and "label_probs" in d and d.get("cgee") != "skipped":
+                prompt = p.value_prompt(d["state"])
+                if isinstance(prompt, str):
+                    self._values.setdefault(prompt, d["score"])
 
     # -- operations for strategies -----------------------------------------------------------------
     def expand(self, nodes: list[int]) -> list[list[int]]:
@@ -157,17 +264,13 @@ class Searcher:
                 values[n] = self._values[prompt]
             else:
                 pending.setdefault(prompt, []).append(n)
-        if pending:
-            labels = list(p.labels)
-            prompts = list(pending)
-            scores = self.engine.score(prompts, labels, owners=[pending[q][0] for q in prompts])
-            self.engine.stats.verify_calls += len(prompts)
-            for q, s in zip(prompts, scores):
-                v = sum(p.labels[lab] * s.probs[lab] for lab in labels)
-                self._values[q] = v
-                for n in pending[q]:
-                    values[n] = check_value(p, v, tree.node(n)["state"])
-                    tree.node(n)["label_probs"] = s.probs
+        if pending:  # LM valuations, with CGEE when on (treesearch.verify)
+            found, reusable = self._verifier().value(tree, pending)
+            self._values.update(reusable)
+            for n, (v, probs) in found.items():
+                values[n] = check_value(p, v, tree.node(n)["state"])
+                if probs is not None:
+                    tree.node(n)["label_probs"] = probs
         for n in nodes:
             tree.node(n)["score"] = values[n]
         return [values[n] for n in nodes]
@@ -182,6 +285,18 @@ class Searcher:
         self.tree.set_status(node, "solution")
 
     # -- helpers -------------------------------------------------------------------------------------
+    def _verifier(self):
+        """The Verifier of the current engine (CGEE thresholds: the config's, else calibrated)."""
+        from .cgee import thresholds_for
+        from .verify import Verifier
+
+        v = getattr(self, "_verifier_obj", None)
+        if v is None or v.engine is not self.engine:
+            t = thresholds_for(self.config, self.model.name, self.problem.name)
+            v = Verifier(self.engine, self.problem, self.config, t, trace=getattr(self, "cgee_trace", None))
+            self._verifier_obj = v
+        return v
+
     def _mark_new(self, nid: int) -> None:
         d = self.tree.node(nid)
         d["terminal"], d["solved"] = self._flags(d["state"])
@@ -202,6 +317,25 @@ class Searcher:
         if self._bar is not None:
             self._bar.update(n)
             self._bar.set_postfix(nodes=len(self.tree), refresh=False)
+
+
+def _describe(obj: Any) -> Any:
+    """A JSON-able description of a dataclass's settings (else its class name), for resume checks."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return json.loads(json.dumps(dataclasses.asdict(obj), default=repr))
+    return type(obj).__name__
+
+
+def _fresh_copy(tree: ThoughtTree) -> ThoughtTree:
+    """A deep copy of a tree without KV handles (they belong to the engine that made them)."""
+    out = ThoughtTree()
+    out.meta = copy.deepcopy(tree.meta)
+    for n, d in tree.graph.nodes(data=True):
+        attrs = copy.deepcopy({k: v for k, v in d.items() if k != "kv"})
+        out.graph.add_node(n, kv=None, **attrs)
+    for u, v, e in tree.graph.edges(data=True):
+        out.graph.add_edge(u, v, **copy.deepcopy(e))
+    return out
 
 
 def _progress(enabled: bool):

@@ -14,7 +14,7 @@ from typing import Any
 
 import networkx as nx
 
-from .errors import TreeSearchError
+from .errors import SaveFileError, TreeSearchError
 
 STATUSES = ("frontier", "expanded", "pruned", "solution")
 _NOT_SAVED = ("kv",)
@@ -101,40 +101,53 @@ class ThoughtTree:
 
     @classmethod
     def from_json(cls, data: dict, state_from_json=None) -> "ThoughtTree":
-        if not isinstance(data, dict) or "nodes" not in data or "links" not in data:
-            raise TreeSearchError("not a saved ThoughtTree: expected node-link JSON with 'nodes' and 'links'")
-        try:
-            g = nx.node_link_graph(data, directed=True, edges="links")
-        except Exception as exc:  # networkx raises several types on malformed data
-            raise TreeSearchError(f"corrupt tree data: {exc}") from exc
+        """Rebuild a tree from `to_json` data. The data is checked whole first (node ids 0..n-1,
+        one parent per node with a smaller id, depth = parent's + 1, every node attribute present
+        with a valid type, statuses known): a bad file raises SaveFileError, never half-loads."""
+        if not isinstance(data, dict) or not isinstance(data.get("nodes"), list) or not isinstance(data.get("links"), list):
+            raise SaveFileError("not a saved ThoughtTree: expected node-link JSON with 'nodes' and 'links' lists")
+        nodes = _check_nodes(data["nodes"])
+        parents, edge_attrs = _check_links(data["links"], len(nodes))
+        for n, d in enumerate(nodes):
+            want = 0 if n == 0 else nodes[parents[n]]["depth"] + 1
+            if d["depth"] != want:
+                raise SaveFileError(f"corrupt tree data: node {n} has depth {d['depth']}, its parent says {want}")
+        meta = data.get("graph") or {}
+        if not isinstance(meta, dict):
+            raise SaveFileError("corrupt tree data: 'graph' must be an object of metadata")
+        if meta.get("format", FORMAT) != FORMAT:
+            raise SaveFileError(f"tree data of format {meta.get('format')!r:.40}; this version reads {FORMAT!r}")
+        states = [d["state"] for d in nodes]
+        if state_from_json is not None:
+            for n, st in enumerate(states):
+                try:
+                    states[n] = state_from_json(st)
+                except Exception as exc:
+                    raise SaveFileError(f"corrupt tree data: the state of node {n} could not be rebuilt by "
+                                        f"state_from_json ({type(exc).__name__}: {exc})") from exc
         tree = cls()
-        meta = dict(data.get("graph") or {})
-        meta.pop("format", None)
-        tree.meta = meta
-        for n in sorted(g.nodes):
-            d = dict(g.nodes[n])
-            if state_from_json is not None:
-                d["state"] = state_from_json(d.get("state"))
-            d["kv"] = None
-            tree.graph.add_node(n, **d)
-        tree.graph.add_edges_from(g.edges(data=True))
-        if sorted(tree.graph.nodes) != list(range(len(tree.graph))):
-            raise TreeSearchError("corrupt tree data: node ids must be 0..n-1")
+        tree.meta = {k: v for k, v in meta.items() if k != "format"}
+        for n, d in enumerate(nodes):
+            attrs = {k: v for k, v in d.items() if k != "id"}
+            attrs["state"], attrs["kv"] = states[n], None
+            tree.graph.add_node(n, **attrs)
+        for n in range(1, len(nodes)):
+            tree.graph.add_edge(parents[n], n, **edge_attrs[n])
         return tree
 
     def save(self, path: str | Path, state_to_json=None) -> None:
         """Write node-link JSON atomically (a crash never leaves a half-written file)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(state_to_json), indent=1, default=repr))
-        tmp.replace(path)
+        from .atomicfile import write_text_atomic
+
+        write_text_atomic(path, json.dumps(self.to_json(state_to_json), indent=1, default=repr))
 
     @classmethod
     def load(cls, path: str | Path, state_from_json=None) -> "ThoughtTree":
+        """Read a tree written by `save`; a truncated or corrupted file raises SaveFileError."""
         try:
-            data = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as exc:
-            raise TreeSearchError(f"{path} is not valid JSON (truncated or corrupted?): {exc}") from exc
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise SaveFileError(f"{path} is not valid JSON (truncated or corrupted?): {exc}") from exc
         return cls.from_json(data, state_from_json)
 
     # -- display ---------------------------------------------------------------------------------
@@ -206,3 +219,48 @@ class ThoughtTree:
         from .viz import write_node_link
 
         return write_node_link(self, path, state_to_json)
+
+
+_REQUIRED = {"thought": str, "depth": int, "status": str, "terminal": bool, "solved": bool, "visits": int,
+             "value_sum": (int, float)}
+
+
+def _check_nodes(raw: list) -> list[dict]:
+    """Node dicts of node-link data indexed by id, each with valid core attributes."""
+    nodes: list[dict | None] = [None] * len(raw)
+    for d in raw:
+        nid = d.get("id") if isinstance(d, dict) else None
+        if isinstance(nid, bool) or not isinstance(nid, int) or not 0 <= nid < len(raw) or nodes[nid] is not None:
+            raise SaveFileError(f"corrupt tree data: node ids must be 0..{len(raw) - 1}, each once (got {nid!r:.40})")
+        if "state" not in d:
+            raise SaveFileError(f"corrupt tree data: node {nid} has no state")
+        for key, typ in _REQUIRED.items():
+            v = d.get(key)
+            if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+                raise SaveFileError(f"corrupt tree data: node {nid} attribute {key!r} is {v!r:.40}")
+        score = d.get("score")
+        if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))):
+            raise SaveFileError(f"corrupt tree data: node {nid} score is {score!r:.40}, expected a number or null")
+        if d["status"] not in STATUSES:
+            raise SaveFileError(f"corrupt tree data: node {nid} status {d['status']!r:.40}; known: {STATUSES}")
+        nodes[nid] = d
+    return nodes  # type: ignore[return-value]
+
+
+def _check_links(links: list, n: int) -> tuple[list[int], list[dict]]:
+    """Parent of each node (root: -1) and the attributes of the edge into it, from node-link
+    edges; a tree rooted at 0 or SaveFileError."""
+    parents = [-1] * n
+    attrs: list[dict] = [{} for _ in range(n)]
+    for e in links:
+        src, dst = (e.get("source"), e.get("target")) if isinstance(e, dict) else (None, None)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n for v in (src, dst)):
+            raise SaveFileError(f"corrupt tree data: edge {e!r:.60} does not join two known nodes")
+        if not src < dst or parents[dst] != -1:
+            raise SaveFileError(f"corrupt tree data: edge {src}->{dst}; every node has one parent with a smaller id")
+        parents[dst] = src
+        attrs[dst] = {k: v for k, v in e.items() if k not in ("source", "target")}
+    orphans = [v for v in range(1, n) if parents[v] == -1]
+    if orphans:
+        raise SaveFileError(f"corrupt tree data: nodes {orphans[:5]} have no parent")
+    return parents, attrs

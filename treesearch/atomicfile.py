@@ -1,0 +1,39 @@
+"""Atomic file writes: the new content appears whole under the final name or not at all.
+
+The text goes to a uniquely named temporary file in the same folder, is flushed and fsync'ed,
+and then renamed over the target (`os.replace` is atomic on POSIX and Windows). A crash or
+Ctrl-C mid-write leaves the previous file intact and at worst a stray temporary, which is removed
+when the failure is seen.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write text (UTF-8) to path atomically; returns the path."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
