@@ -18,6 +18,7 @@ from typing import Any
 
 from .config import RKSCConfig, Sampling
 from .engine import Engine, _mix
+from .limits import within_context
 from .errors import ProblemDefinitionError, ResumeError, SaveFileError
 from .problem import Child, Problem, check_children, check_problem, check_prompt, check_value
 from .runtime import LanguageModel
@@ -199,6 +200,7 @@ class Searcher:
                     self._values.setdefault(prompt, d["score"])
 
     # -- operations for strategies -----------------------------------------------------------------
+    @within_context("expand")
     def expand(self, nodes: list[int]) -> list[list[int]]:
         """Generate and parse children for each node (one batched engine call). Returns child ids."""
         p, tree = self.problem, self.tree
@@ -244,6 +246,7 @@ class Searcher:
         self._tick(sum(len(v) for v in out.values()))
         return [out[n] for n in nodes]
 
+    @within_context("evaluate")
     def evaluate(self, nodes: list[int]) -> list[float]:
         """Value each node: the problem's programmatic value, else one LM scoring pass (batched)."""
         p, tree = self.problem, self.tree
