@@ -7,11 +7,14 @@ import math
 import pytest
 import torch
 
+from strategies import BFS
 from treesearch.config import RKSCConfig, Sampling
 from treesearch.engine import Engine
 from treesearch.errors import CacheBudgetError
 from treesearch.kvstore import KVStore
+from treesearch.problem import Child, Problem
 from treesearch.rsbcm import LRUPolicy, RSBCMPolicy, omega
+from treesearch.searcher import Searcher
 
 BPT, BS = 8, 4
 
@@ -117,3 +120,55 @@ def test_engine_budget_below_one_batch_fails_at_the_start_naming_the_minimum(tin
     assert out[0].token_ids == ref[0].token_ids
     assert eng.store.bytes_held <= need
     eng.store.check_invariants()
+
+
+# -- a search under a tight budget builds the same tree -----------------------------------------
+
+PROPOSE = ("Propose the next step of a plan. Each step names one small action and the tool it needs. "
+           "Example: fetch water with the bucket. Example: cut the rope with the knife. Plan so far:")
+VALUE = ("Judge whether a plan can still succeed. Answer yes or no. Example plan: fetch water, boil it. "
+         "Judgement: yes. Example plan: burn the map, read the map. Judgement: no. Plan:")
+
+
+class Plan(Problem):
+    """Template-style like Game of 24 (every state re-rendered into a fixed prompt), but with
+    children taken from whatever the tiny random model writes, so the tree has real branches."""
+
+    name = "plan"
+    labels = {" yes": 1.0, " no": 0.0}
+    max_depth = 3
+    samples_per_expand = 2
+    sampling = Sampling(max_new_tokens=10, temperature=1.0)
+
+    def expand_prompt(self, state):
+        return PROPOSE + state + "\nNext:"
+
+    def parse_children(self, state, text):
+        t = text.strip()[:16]
+        return [Child(thought=t, state=state + " " + t)] if t else []
+
+    def value_prompt(self, state):
+        return VALUE + state + "\nJudgement:"
+
+
+def _signature(tree):
+    return [(n, tree.parent(n), tree.node(n)["thought"], tree.node(n)["status"]) for n in sorted(tree.graph)]
+
+
+def test_tight_budget_search_returns_the_same_tree_as_an_unbounded_one(tiny_lm):
+    def run(budget):
+        s = Searcher(tiny_lm, Plan(), BFS(breadth=3), RKSCConfig(cache_budget=budget), progress=False, seed=3)
+        return s, s.solve(" start")
+
+    _, full = run(None)
+    budget = int(0.55 * full.stats["peak_kv_bytes"])
+    s, tight = run(budget)
+    assert _signature(tight.tree) == _signature(full.tree)
+    assert len(full.tree) == 13
+    for n in full.tree.graph:
+        a, b = full.tree.node(n)["score"], tight.tree.node(n)["score"]
+        assert (a is None and b is None) or abs(a - b) <= 1e-4
+    assert tight.stats["evicted_blocks"] > 0 and tight.stats["recomputed_tokens"] > 0
+    assert full.stats["evicted_blocks"] == 0 and full.stats["recomputed_tokens"] == 0
+    assert s.engine.store.peak_held <= budget
+    s.engine.store.check_invariants()

@@ -114,7 +114,8 @@ class KVStore:
         self._held: dict[Hashable, set[Segment]] = {}  # owner -> segments it holds
         self._pinned_owners: set[Hashable] = set()
         self.bytes_held = 0
-        self.peak_bytes = 0
+        self.peak_held = 0  # highest bytes_held ever (store only; <= budget)
+        self.peak_bytes = 0  # highest bytes_held + transient batch bytes noted by the engine
         self.evicted_blocks = 0
         self.eviction_log: list[int] = []  # block ids in the order they were evicted
 
@@ -211,6 +212,7 @@ class KVStore:
             finally:
                 self.unpin(path)
             self.bytes_held += self.segment_bytes(seg)
+            self.peak_held = max(self.peak_held, self.bytes_held)
             self.peak_bytes = max(self.peak_bytes, self.bytes_held)
         seg.kv = kv.contiguous()
 
