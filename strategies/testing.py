@@ -1,4 +1,5 @@
-"""`TableProblem`: a Problem whose whole tree is given as a table, for testing strategies.
+"""Tools for testing strategies: `TableProblem`, a Problem whose whole tree is given as a table, and
+`RecordingSearcher`, a real Searcher that records the batches a strategy hands to each operation.
 
 The model still runs for every expansion (the searcher generates as usual), but `parse_children`
 ignores the text and returns the children listed for the state, with the listed values, priors
@@ -7,7 +8,9 @@ contents or MCTS statistics can be checked by hand. Use it to test your own stra
 
     problem = TableProblem({"": ["a", "b"], "a": ["a1"], "b": []}, {"a": .9, "b": .2, "a1": 1.0},
                            terminal={"a1"}, solved={"a1"})
-    result = Searcher(tiny_model(), problem, MyStrategy(), progress=False).solve("")
+    searcher = RecordingSearcher(tiny_model(), problem, MyStrategy(), progress=False)
+    result = searcher.solve("")
+    assert searcher.ops("expand") == [[0], [1]]   # root first, then a (node 1)
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Iterable, Mapping
 
 from treesearch.config import Sampling
 from treesearch.problem import Child, Problem
+from treesearch.searcher import Searcher
 
 
 class TableProblem(Problem):
@@ -88,3 +92,23 @@ class TableProblem(Problem):
 
     def answer(self, state: str) -> str | None:
         return state if state in self.terminal else None
+
+
+class RecordingSearcher(Searcher):
+    """A real Searcher that also records, in `log`, each operation a strategy calls and its nodes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.log: list[tuple[str, list[int]]] = []
+
+    def expand(self, nodes: list[int]) -> list[list[int]]:
+        self.log.append(("expand", list(nodes)))
+        return super().expand(nodes)
+
+    def evaluate(self, nodes: list[int]) -> list[float]:
+        self.log.append(("evaluate", list(nodes)))
+        return super().evaluate(nodes)
+
+    def ops(self, kind: str) -> list[list[int]]:
+        """The node batches of every `kind` ("expand" or "evaluate") call, in order."""
+        return [nodes for k, nodes in self.log if k == kind]

@@ -13,33 +13,14 @@ import math
 import pytest
 
 from strategies import BFS, DFS, FROM_CLI, MCTS, Beam
-from strategies.testing import TableProblem
+from strategies.testing import RecordingSearcher, TableProblem
 from treesearch.config import RKSCConfig
 from treesearch.errors import ConfigError
 from treesearch.searcher import Searcher
 
 
-class LoggingSearcher(Searcher):
-    """A real Searcher that also records the node batches strategies hand to each operation."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.log: list[tuple[str, list[int]]] = []
-
-    def expand(self, nodes):
-        self.log.append(("expand", list(nodes)))
-        return super().expand(nodes)
-
-    def evaluate(self, nodes):
-        self.log.append(("evaluate", list(nodes)))
-        return super().evaluate(nodes)
-
-    def ops(self, kind: str) -> list[list[int]]:
-        return [nodes for k, nodes in self.log if k == kind]
-
-
 def solve(lm, problem, strategy):
-    s = LoggingSearcher(lm, problem, strategy, progress=False)
+    s = RecordingSearcher(lm, problem, strategy, progress=False)
     return s, s.solve("")
 
 
