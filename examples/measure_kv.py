@@ -48,22 +48,29 @@ def solve(lm, puzzle: str, **cfg):
 
 
 def cmd_game24(args, lm) -> None:
+    from treesearch.errors import CacheBudgetError
     from treesearch.tasks.game24 import load_puzzles
 
     for puzzle in load_puzzles(args.start, args.start + args.puzzles):
         full, t_full = solve(lm, puzzle, kv_sharing="exact")
         st = full.stats
         ratio = (st["prefill_tokens"] + st["decode_tokens"]) / st["unique_tokens"]
+        unbounded = {"prefill": st["prefill_tokens"], "decode": st["decode_tokens"],
+                     "unique": st["unique_tokens"], "reused": st["reused_tokens"],
+                     "(prefill+decode)/unique": round(ratio, 4), "peak_kv_bytes": st["peak_kv_bytes"],
+                     "wall_s": round(t_full, 1)}
+        print(json.dumps({"puzzle": puzzle, "nodes": len(full.tree), "answer": full.answer, "unbounded": unbounded}),
+              flush=True)
         budget = int(args.fraction * st["peak_kv_bytes"])
-        tight, t_tight = solve(lm, puzzle, kv_sharing="exact", cache_budget=budget)
+        try:
+            tight, t_tight = solve(lm, puzzle, kv_sharing="exact", cache_budget=budget)
+        except CacheBudgetError as exc:
+            print(json.dumps({"puzzle": puzzle, "budget": {"cache_budget": budget, "error": str(exc)}}), flush=True)
+            continue
         tt = tight.stats
         same = scores_close(tree_signature(full.tree), tree_signature(tight.tree))
         print(json.dumps({
-            "puzzle": puzzle, "nodes": len(full.tree), "answer": full.answer,
-            "unbounded": {"prefill": st["prefill_tokens"], "decode": st["decode_tokens"],
-                          "unique": st["unique_tokens"], "reused": st["reused_tokens"],
-                          "(prefill+decode)/unique": round(ratio, 4), "peak_kv_bytes": st["peak_kv_bytes"],
-                          "wall_s": round(t_full, 1)},
+            "puzzle": puzzle,
             "budget": {"cache_budget": budget, "fraction": args.fraction, "same_tree": same,
                        "same_answer": tight.answer == full.answer, "prefill": tt["prefill_tokens"],
                        "recomputed": tt["recomputed_tokens"],

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from . import asks
 from .attention import BatchKV
 from .config import RKSCConfig, Sampling
 from .errors import CacheBudgetError, ContextTooLongError, ProblemDefinitionError
@@ -49,6 +50,8 @@ class Generation:
     prompt_tokens: int
     reused_tokens: int
     handle: Handle | None = None  # where the context (prompt + fed-back tokens) ends in the store
+    asks_ref: int | None = None  # ASKS: index (in this call's prompts) of the prompt whose K/V it attached to
+    asks_sigma: float | None = None  # ASKS gate value when the prompt had a reference (attached or not)
 
     @property
     def confidence(self) -> float:
@@ -65,6 +68,8 @@ class Score:
     layers_run: int
     reused_tokens: int = 0
     handle: Handle | None = None
+    asks_ref: int | None = None  # ASKS: index (in this call's prompts) of the prompt whose K/V it attached to
+    asks_sigma: float | None = None
 
 
 @dataclass
@@ -72,6 +77,8 @@ class _Row:
     ids: list[int]
     chain: Chain = field(default_factory=list)
     matched: int = 0
+    asks_ref: int | None = None  # row (in this batch) whose K/V this row attached to
+    asks_sigma: float | None = None
 
 
 class Engine:
@@ -87,6 +94,9 @@ class Engine:
         self.store = KVStore(lm.kv_bytes_per_token, self.config.block_size, budget=self.config.cache_budget,
                              policy=self.policy)
         self._call_pins: list[Chain] = []  # chains pinned for the running engine call
+        self._prompt_pins: set = set()  # owners whose prompts are pinned (pin_owner)
+        self._rows: list[_Row] = []  # rows of the batch being run (for ASKS records)
+        self.asks_log: list[dict] = []  # every ASKS gate decision: sigma, attached, tokens reused
         self.stats = Stats()
         self.unique = TokenTrie()
         self._known: dict[str, tuple[int, ...]] = {}
@@ -151,10 +161,15 @@ class Engine:
     def release(self, owner: Any) -> None:
         """`owner` lets go of every context it holds; blocks no one holds become free (evicted first)."""
         self.store.release(owner)
+        if owner in self._prompt_pins:
+            self._prompt_pins.discard(owner)
+            self.store.release(("prompt", owner))
 
     def pin_owner(self, owner: Any) -> None:
-        """Never evict what `owner` holds (e.g. the root node's prompt) until it is released."""
-        self.store.pin_owner(owner)
+        """Never evict the prompts of this owner's calls (e.g. the root node's prompt template; not
+        its generations) until `release(owner)`."""
+        self._prompt_pins.add(owner)
+        self.store.pin_owner(("prompt", owner))
 
     # -- public operations -----------------------------------------------------------------------
     @torch.no_grad()
@@ -176,6 +191,7 @@ class Engine:
                                             None if owners is None else list(owners[lo:hi]))
             finally:
                 self._unpin_call()
+            self._record_asks(out, lo)
         return out
 
     @torch.no_grad()
@@ -199,11 +215,13 @@ class Engine:
                                          None if owners is None else list(owners[lo:hi]), exit_rule)
             finally:
                 self._unpin_call()
+            self._record_asks(out, lo)
         return out
 
     # -- phases ----------------------------------------------------------------------------------
     def _prepare(self, prompts: list[str], extra_tokens: int) -> list[_Row]:
         rows = [_Row(ids=self.tokenize(p)) for p in prompts]
+        self._rows = rows
         for r, p in zip(rows, prompts):
             if not r.ids:
                 raise ProblemDefinitionError("an empty prompt was given; prompts need at least one token")
@@ -215,11 +233,59 @@ class Engine:
             self._lookup(rows)
             self._check_budget(rows, extra_tokens)
             self._share_common_runs(rows)
+            if self.config.kv_sharing == "asks":
+                self._asks_attach(rows)
             for r in rows:  # the running batch's chains stay pinned until the call ends
                 self._pin(r.chain)
             for r in rows:
                 self._ensure_resident(r.chain)
         return rows
+
+    def _record_asks(self, out: list, lo: int) -> None:
+        for k, r in enumerate(self._rows):
+            if r.asks_sigma is not None:
+                out[lo + k].asks_sigma = r.asks_sigma
+                out[lo + k].asks_ref = None if r.asks_ref is None else lo + r.asks_ref
+
+    def _asks_attach(self, rows: list[_Row]) -> None:
+        """ASKS (see `treesearch.asks`): one pre-pass computes each reference row up to its last
+        token and each candidate row up to its common suffix, capturing hidden states; candidates
+        whose gate opens take the reference's K/V for the suffix (all but the last token)."""
+        pairs = asks.pair_rows([r.ids for r in rows], [r.matched for r in rows])
+        if not pairs:
+            return
+        cand = {p.row: p for p in pairs}
+        order = sorted({p.ref for p in pairs}) + sorted(cand)
+        ends = {i: len(rows[i].ids) - (cand[i].suffix if i in cand else 1) for i in order}
+        for i in order:
+            self._pin(rows[i].chain)
+        for i in order:
+            self._ensure_resident(rows[i].chain)
+        hidden: list[torch.Tensor] = []
+        batch, _ = self._prefill([rows[i].chain for i in order], [rows[i].ids[rows[i].matched:ends[i]] for i in order],
+                                 [rows[i].matched for i in order], extra=0, want_logits=False, capture=hidden)
+        self.store.note_peak(batch.nbytes)
+        at = {i: b for b, i in enumerate(order)}
+        handles = {i: self._insert(rows[i].ids[:ends[i]], rows[i].matched,
+                                   batch.row_kv(at[i], 0, ends[i] - rows[i].matched)) for i in order}
+        cfg = self.config
+        for p in pairs:
+            r, f = rows[p.row], rows[p.ref]
+            lo, hi = p.span(len(r.ids))
+            hb = asks.pooled(hidden, at[p.row], max(lo, r.matched) - r.matched, hi - r.matched)
+            hr = asks.pooled(hidden, at[p.ref], max(lo, f.matched) - f.matched, hi - f.matched)
+            r.asks_sigma = asks.sigma(hb, hr, cfg.asks_alpha)
+            n = len(r.ids)
+            attach = r.asks_sigma >= cfg.asks_tau
+            self.asks_log.append({"sigma": r.asks_sigma, "attached": attach, "tokens": n - 1 - hi})
+            if not attach:
+                continue
+            end = self._insert(r.ids[:n - 1], hi, batch.row_kv(at[p.ref], hi - f.matched, n - 1 - f.matched))
+            end[0].asks_ref = handles[p.ref][0].id
+            r.asks_ref = p.ref
+            self.stats.asks_attached += 1
+            self.stats.asks_extra_reused += n - 1 - hi
+        self._lookup(rows)
 
     def _pin(self, chain: Chain) -> None:
         self.store.pin(chain)
@@ -321,8 +387,10 @@ class Engine:
             self.stats.recomputed_tokens += len(seg.tokens)
 
     def _prefill(self, chains: list[Chain], news: list[list[int]], starts: list[int], *, extra: int,
-                 want_logits: bool, exit_rule=None, label_ids=None):
-        """One padded forward of each row's new tokens over its chain; returns (batch, logits|probs)."""
+                 want_logits: bool, exit_rule=None, label_ids=None, capture: list | None = None):
+        """One padded forward of each row's new tokens over its chain; returns (batch, logits|probs).
+
+        capture: a list that receives each decoder layer's output [B, n, hidden] (for ASKS)."""
         lm = self.lm
         bsz = len(news)
         lens = [len(t) for t in news]
@@ -342,7 +410,7 @@ class Engine:
             batch.begin(0, valid.to(lm.device))
             last = torch.tensor([n - 1 for n in lens])
             result = self._forward(ids.to(lm.device), pos.to(lm.device), batch, last, want_logits,
-                                   exit_rule=exit_rule, label_ids=label_ids)
+                                   exit_rule=exit_rule, label_ids=label_ids, capture=capture)
         finally:
             for c in chains:
                 self.store.unpin(c)
@@ -351,7 +419,8 @@ class Engine:
         self.store.note_peak(batch.nbytes)
         return batch, result
 
-    def _forward(self, ids, pos, batch: BatchKV, last, want_logits: bool, *, exit_rule=None, label_ids=None):
+    def _forward(self, ids, pos, batch: BatchKV, last, want_logits: bool, *, exit_rule=None, label_ids=None,
+                 capture: list | None = None):
         """Embed, run the decoder layers with shared-prefix attention, return last-position logits.
 
         With exit_rule, label probabilities are read through the final norm and LM head after every
@@ -366,6 +435,8 @@ class Engine:
         layers = base.layers
         for i, layer in enumerate(layers):
             h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe, ts_batch=batch)
+            if capture is not None:
+                capture.append(h)
             if exit_rule is not None and i < len(layers) - 1:
                 probs = self._label_probs(base.norm(h[rows, last]), label_ids)
                 if exit_rule(i + 1, probs):
@@ -394,6 +465,7 @@ class Engine:
         if self.config.shares:
             for b, r in enumerate(rows):
                 ends[b] = self._insert(r.ids, r.matched, batch.row_kv(b, 0, lens[b]))
+            self._pin_prompts(ends, owners)
             self.store.note_peak(batch.nbytes)
         gens: list[list[int]] = [[] for _ in rows]
         logps: list[list[float]] = [[] for _ in rows]
@@ -491,6 +563,11 @@ class Engine:
         self.stats.unique_tokens = self.unique.size
         self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, self.store.peak_bytes)
         return results
+
+    def _pin_prompts(self, prompt_ends: list[Handle | None], owners: list[Any] | None) -> None:
+        for end, owner in zip(prompt_ends, owners or []):
+            if end is not None and owner in self._prompt_pins:
+                self.store.acquire(("prompt", owner), end)
 
     def _tag_owners(self, results, owners) -> None:
         if owners is None:

@@ -67,6 +67,7 @@ class Segment:
     children: dict = field(default_factory=dict)  # (offset, first_token) -> Segment
     last_use: int = 0
     first_block: int = 0  # block ids are first_block .. first_block + blocks - 1
+    asks_ref: int | None = None  # ASKS: K/V taken from the reference context ending in this segment id
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -1,0 +1,105 @@
+"""ASKS: attach a branch to a reference branch's K/V when their hidden states say they mean the same.
+
+What "attach" means here (sound by construction, lossy only where the gate allows):
+two prompts of one batch, a *branch* and its *reference* (an earlier row of the same call), have
+the same length and differ only in a span: ids = P + span + S with a common prefix P and a common
+suffix S (|S| >= 2), the spans of equal length, so every suffix token has the same position in
+both. Exact sharing already serves P. The reference computes span + S as usual; the branch
+computes its own span, and then, if the gate opens, takes the reference's K/V for S[:-1] instead
+of computing it (its last token is always computed: its logits start the branch's decoding or
+scoring). Those K/V were computed attending to the reference's span, not the branch's: that is
+the approximation, and the only one. The branch's own span, its last token and everything after
+are computed exactly over the attached K/V.
+
+Gate (no extra forward pass: the spans are computed anyway, in one pre-pass over the batch):
+
+    sigma = sum_l w_l cos(h_l(branch), h_l(ref)) / sum_l w_l,   w_l = exp(alpha * l / L)
+
+with h_l the output of decoder layer l (l = 1..L) mean-pooled over the span positions each row
+computed in this pass. alpha > 0 weights deep layers (meaning) over shallow ones (surface form).
+sigma >= tau attaches. Identical spans give sigma = 1, but identical prompts never get here: they
+take the exact path (prefix lookup) first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Row `row` may attach to row `ref`: common prefix of `prefix` tokens, suffix of `suffix`."""
+
+    row: int
+    ref: int
+    prefix: int
+    suffix: int
+
+    def span(self, length: int) -> tuple[int, int]:
+        """[start, end) of the differing span (absolute token positions)."""
+        return self.prefix, length - self.suffix
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _lcs(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[-1 - i] == b[-1 - i]:
+        i += 1
+    return i
+
+
+def pair_rows(ids: Sequence[Sequence[int]], matched: Sequence[int], min_suffix: int = 2) -> list[Pair]:
+    """For each row, the earlier non-candidate row it could attach to (longest common suffix,
+    then earliest). Both rows must compute part of the span in this call (not all cached)."""
+    pairs: list[Pair] = []
+    refs: list[int] = []
+    for i, a in enumerate(ids):
+        best: Pair | None = None
+        for j in refs:
+            b = ids[j]
+            if len(b) != len(a) or a == b:
+                continue
+            s = _lcs(a, b)
+            p = _lcp(a, b)
+            end = len(a) - s
+            if s < min_suffix or p >= end or matched[i] >= end or matched[j] >= end:
+                continue
+            if best is None or s > best.suffix:
+                best = Pair(row=i, ref=j, prefix=p, suffix=s)
+        if best is None:
+            refs.append(i)
+        else:
+            pairs.append(best)
+    return pairs
+
+
+def layer_weights(num_layers: int, alpha: float) -> torch.Tensor:
+    """w_l = exp(alpha * l / L) for l = 1..L."""
+    ls = torch.arange(1, num_layers + 1, dtype=torch.float64)
+    return torch.exp(alpha * ls / num_layers)
+
+
+def sigma(h_branch: torch.Tensor, h_ref: torch.Tensor, alpha: float) -> float:
+    """Weighted mean over layers of cos(h_l(branch), h_l(ref)); h_* are [L, hidden] (pooled)."""
+    assert h_branch.shape == h_ref.shape, f"hidden shapes differ: {tuple(h_branch.shape)} vs {tuple(h_ref.shape)}"
+    cos = torch.nn.functional.cosine_similarity(h_branch.double(), h_ref.double(), dim=-1)  # [L]
+    w = layer_weights(h_branch.shape[0], alpha).to(cos.device)
+    value = float((w * cos).sum() / w.sum())
+    return 1.0 if math.isclose(value, 1.0, abs_tol=1e-12) else value
+
+
+def pooled(hidden: Sequence[torch.Tensor], row: int, lo: int, hi: int) -> torch.Tensor:
+    """Mean over positions [lo, hi) of one row of each layer's output -> [L, hidden]."""
+    return torch.stack([h[row, lo:hi].float().mean(dim=0) for h in hidden])
