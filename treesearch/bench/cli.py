@@ -1,0 +1,138 @@
+"""`treesearch bench WORKLOAD ...`: every mode on the same inputs and seeds, one table.
+
+    treesearch bench game24 --range 900:902
+    treesearch bench branch --task arc_challenge --range 0:5 --json arc.json --plot arc.png
+    treesearch bench tree --range 0:2 --modes nokv,exact,rksc,hf-cb --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+DEFAULT_RANGES = {"game24": (900, 903), "branch": (0, 5), "tree": (0, 2)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="treesearch bench", description="Benchmark nokv, exact, rksc and hf-cb side by side.")
+    p.add_argument("workload", choices=["game24", "branch", "tree"])
+    p.add_argument("--task", default=None, choices=["gsm8k", "arc_challenge", "mmlu_stem"],
+                   help="branch: dataset (default gsm8k); tree: gsm8k only")
+    p.add_argument("--range", dest="rows", default=None, metavar="START:END",
+                   help="input rows [START, END) (default: game24 900:903, branch 0:5, tree 0:2)")
+    p.add_argument("--modes", default="nokv,exact,rksc,hf-cb", help="comma-separated subset of nokv,exact,rksc,hf-cb")
+    p.add_argument("--repeat", type=int, default=1, help="timed rounds after the warm-up (median and spread)")
+    p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write everything as JSON")
+    p.add_argument("--plot", default=None, metavar="PATH", help="write a PNG (speedup and tokens per mode)")
+    p.add_argument("--model", default=None, help="model folder or id (default: embedded SmolLM2-135M-Instruct; 'tiny' = random test model)")
+    p.add_argument("--device", default=None, help="torch device (default cpu), e.g. cuda")
+    p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+    p.add_argument("--branches", type=int, default=8, help="branch: branches per question (default 8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                   help="override the workload's generation length per call (default: the workload's)")
+    p.add_argument("--rksc-budget", type=float, default=0.5, metavar="FRACTION",
+                   help="rksc cache budget as a fraction of exact's peak KV bytes (0 = unbounded; default 0.5)")
+    p.add_argument("--replay-tokens", type=int, default=None, metavar="N",
+                   help="hf-cb replay: max new tokens per request (default: the workload's)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads for the run (default: torch's own; 1 is faster on a busy machine)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def parse_range(text: str | None, workload: str) -> tuple[int, int]:
+    if text is None:
+        return DEFAULT_RANGES[workload]
+    try:
+        start, end = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise SystemExit(f"--range {text!r}; write START:END, e.g. 900:903") from None
+    if not 0 <= start < end:
+        raise SystemExit(f"--range {text!r}; need 0 <= START < END")
+    return start, end
+
+
+def machine() -> dict:
+    """CPU model and core count (from lscpu where available), platform and library versions."""
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        info = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
+        for line in info.splitlines():
+            if line.startswith("Model name:"):
+                cpu = line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    import os
+
+    return {"cpu": cpu, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    from .modes import parse_modes
+
+    names = parse_modes(args.modes)
+    if args.repeat < 1:
+        raise SystemExit("--repeat must be at least 1")
+    start, end = parse_range(args.rows, args.workload)
+
+    from .workloads import make_workload
+
+    workload = make_workload(args.workload, args.task, start, end, branches=args.branches, seed=args.seed,
+                             max_new_tokens=args.max_new_tokens)
+    if not workload.items:
+        raise SystemExit(f"--range {start}:{end} selects no rows")
+    import torch
+
+    threads_before = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        return _run(args, names, workload, start, end)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: int) -> int:
+    from ..runtime import load_model
+    from . import report
+    from .runner import run_all, total_ticks
+
+    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    bar = None
+    if not args.no_progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total_ticks(workload, names, args.repeat), desc=f"bench {args.workload}", unit="item")
+    try:
+        runs = run_all(lm, workload, names, repeat=args.repeat, tick=bar.update if bar else None,
+                       budget_fraction=args.rksc_budget, replay_tokens=args.replay_tokens)
+    finally:
+        if bar is not None:
+            bar.close()
+    meta = {"workload": workload.name, "task": workload.task, "range": [start, end], "items": len(workload.items),
+            "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
+            "repeat": args.repeat, "seed": args.seed, "command": "treesearch bench " + shlex.join(args.argv),
+            "machine": machine()}
+    doc = report.build(runs, meta)
+    print(report.markdown(doc))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(doc, indent=1))
+        print(f"\nwrote {args.json_path}")
+    if args.plot:
+        report.plot(doc, args.plot)
+        print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,91 @@
+"""The benchmark modes and what each one really switched on.
+
+- nokv:  RKSCConfig(kv_sharing="off"): every call recomputes its whole context.
+- exact: RKSCConfig(kv_sharing="exact"): exact token-prefix sharing only (the vLLM-equivalent).
+- rksc:  exact (or "asks" where RKSCConfig's default turns it on) + cgee=True + a cache budget for
+         RSBCM. It is built from RKSCConfig flags only, so it picks up the CGEE / RSBCM / ASKS
+         work as it lands; `feature_notes` says honestly which of them this build has.
+- hf-cb: transformers' `generate_batch` continuous batching with block sharing, replaying the
+         same generation requests greedily (`treesearch.bench.hfcb`); it cannot score or search.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+
+from ..config import RKSCConfig
+
+MODES = ("nokv", "exact", "rksc", "hf-cb")
+ENGINE_MODES = ("nokv", "exact", "rksc")
+
+
+@dataclass
+class Mode:
+    """One column of the benchmark: a name, the engine config (None for hf-cb) and notes."""
+
+    name: str
+    config: RKSCConfig | None
+    notes: list[str] = field(default_factory=list)
+
+
+def parse_modes(text: str) -> list[str]:
+    """"nokv,exact" -> ["nokv", "exact"] (validated, order kept, duplicates dropped)."""
+    out: list[str] = []
+    for part in text.split(","):
+        name = part.strip()
+        if not name:
+            continue
+        if name not in MODES:
+            raise SystemExit(f"unknown mode {name!r}; choose from {', '.join(MODES)}")
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise SystemExit(f"no mode given; choose from {', '.join(MODES)}")
+    return out
+
+
+def rksc_config(cache_budget: int | None) -> RKSCConfig:
+    """exact (or asks, where that is the default) + CGEE + a cache budget."""
+    sharing = "asks" if RKSCConfig().kv_sharing == "asks" else "exact"
+    return RKSCConfig(kv_sharing=sharing, cgee=True, cache_budget=cache_budget)
+
+
+def make_mode(name: str, cache_budget: int | None = None) -> Mode:
+    if name == "nokv":
+        return Mode(name, RKSCConfig(kv_sharing="off"))
+    if name == "exact":
+        return Mode(name, RKSCConfig(kv_sharing="exact"))
+    if name == "rksc":
+        mode = Mode(name, rksc_config(cache_budget))
+        mode.notes += feature_notes(mode.config)
+        return mode
+    if name == "hf-cb":
+        return Mode(name, None, ["transformers generate_batch (continuous batching, allow_block_sharing=True), "
+                                 "greedy replay of the workload's generation requests; no scoring pass, "
+                                 "so no verification, search decisions or accuracy"])
+    raise ValueError(f"unknown mode {name!r}")
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def feature_notes(config: RKSCConfig) -> list[str]:
+    """One line per RKSC policy: present in this build or not (checked by module, not assumed)."""
+    notes = []
+    notes.append("CGEE: treesearch.cgee present" if _has("treesearch.cgee")
+                 else "CGEE: MISSING (no treesearch.cgee in this build); cgee=True has no effect")
+    if config.cache_budget is None:
+        notes.append("RSBCM: no cache budget set (unbounded)")
+    elif _has("treesearch.rsbcm"):
+        notes.append(f"RSBCM: treesearch.rsbcm present, cache_budget={config.cache_budget} B")
+    else:
+        notes.append(f"RSBCM: MISSING (no treesearch.rsbcm in this build); cache_budget={config.cache_budget} B "
+                     "is not enforced")
+    if config.kv_sharing == "asks":
+        notes.append("ASKS: on (RKSCConfig default)" if _has("treesearch.asks")
+                     else "ASKS: kv_sharing='asks' but no treesearch.asks in this build")
+    else:
+        notes.append("ASKS: off (not on by default in RKSCConfig)")
+    return notes

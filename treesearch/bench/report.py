@@ -1,0 +1,191 @@
+"""From runs to numbers: the JSON document, the markdown table and the PNG plot.
+
+Definitions (all from the recorded counters and wall times):
+- wall_s: median over repeats of the mode's summed per-item wall time; spread = max - min.
+- speedup_vs_nokv = nokv.wall_s / mode.wall_s; speedup_vs_exact = exact.wall_s / mode.wall_s.
+- computed_tokens = prefill_tokens + decode_tokens (tokens run through the model);
+  compute_vs_nokv = nokv.computed_tokens / mode.computed_tokens.
+- accuracy: fraction of items answered correctly (game24: solved; branch/tree: final answer).
+- agreement[mode]: fraction of decisions (kept states per step, per-branch and final answers)
+  equal to nokv's, compared position by position (a missing decision counts as a disagreement).
+hf-cb only replays generation, so its row has wall time and token counts of the replay; the replay
+table compares it with our engine (exact) on the same requests.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from .runner import BenchRuns
+
+FIELDS = ("wall_s", "prefill_tokens", "decode_tokens", "reused_tokens", "unique_tokens", "model_calls",
+          "verify_calls", "verify_skipped", "verify_layers_run", "verify_layers_full", "peak_kv_bytes", "accuracy")
+COUNTERS = ("prefill_tokens", "decode_tokens", "reused_tokens", "unique_tokens", "generated_tokens", "model_calls",
+            "verify_calls", "verify_skipped", "verify_layers_run", "verify_layers_full", "evicted_blocks",
+            "recomputed_tokens", "asks_attached", "cgee_disagreements", "peak_kv_bytes")
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None when either is missing or b is 0."""
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def agreement(decisions: list[str], reference: list[str]) -> float | None:
+    """Fraction of positions where the decisions equal the reference's."""
+    n = max(len(decisions), len(reference))
+    if n == 0:
+        return None
+    return sum(1 for x, y in zip(decisions, reference) if x == y) / n
+
+
+def _walls(values: list[float]) -> dict:
+    return {"wall_s": statistics.median(values), "wall_s_runs": values, "wall_s_min": min(values),
+            "wall_s_max": max(values), "wall_s_spread": max(values) - min(values)}
+
+
+def _empty(status: str, reason: str | None, notes: list[str]) -> dict:
+    entry: dict[str, Any] = {k: None for k in FIELDS + COUNTERS}
+    entry.update(status=status, reason=reason, notes=list(notes), computed_tokens=None, speedup_vs_nokv=None,
+                 speedup_vs_exact=None, compute_vs_nokv=None)
+    return entry
+
+
+def build(runs: BenchRuns, meta: dict) -> dict:
+    """The JSON document: meta, modes, agreement and replay."""
+    modes: dict[str, dict] = {}
+    decisions: dict[str, list[str]] = {}
+    for name, mr in runs.modes.items():
+        if name == "hf-cb":
+            modes[name] = _hf_entry(runs, mr)
+            continue
+        if not mr.runs:
+            modes[name] = _empty("failed" if mr.error else "skipped", mr.error or "not run", mr.mode.notes)
+            continue
+        last = mr.runs[-1]
+        entry = _empty("ok" if not mr.error else "partial", mr.error, mr.mode.notes + last.notes)
+        entry.update({k: last.stats.get(k, 0) for k in COUNTERS})
+        entry.update(_walls([r.wall_s for r in mr.runs]))
+        entry["accuracy"] = sum(last.correct) / len(last.correct) if last.correct else None
+        entry["items"] = len(last.correct)
+        entry["computed_tokens"] = entry["prefill_tokens"] + entry["decode_tokens"]
+        entry["counters_stable"] = all(r.stats == last.stats for r in mr.runs)
+        entry["decisions_total"] = len(last.decisions)
+        modes[name] = entry
+        decisions[name] = last.decisions
+    base, ex = modes.get("nokv"), modes.get("exact")
+    for name, entry in modes.items():
+        if entry["status"] not in ("ok", "partial") or name == "hf-cb":
+            continue
+        entry["speedup_vs_nokv"] = ratio(base and base["wall_s"], entry["wall_s"])
+        entry["speedup_vs_exact"] = ratio(ex and ex["wall_s"], entry["wall_s"])
+        entry["compute_vs_nokv"] = ratio(base and base["computed_tokens"], entry["computed_tokens"])
+    ref = decisions.get("nokv")
+    agree = {name: (agreement(d, ref) if ref is not None else None) for name, d in decisions.items()}
+    for name in modes:
+        agree.setdefault(name, None)
+    return {**meta, "modes": modes, "agreement": agree, "replay": _replay_entry(runs)}
+
+
+def _hf_entry(runs: BenchRuns, mr) -> dict:
+    if mr.error or not runs.replay_hf:
+        return _empty("failed" if mr.error else "skipped", mr.error or "not run", mr.mode.notes)
+    entry = _empty("ok", None, mr.mode.notes)
+    last = runs.replay_hf[-1]
+    entry.update(_walls([r.wall_s for r in runs.replay_hf]))
+    entry.update(prefill_tokens=last.prompt_tokens, decode_tokens=last.generated_tokens,
+                 generated_tokens=last.generated_tokens, computed_tokens=last.prompt_tokens + last.generated_tokens)
+    entry["notes"].append("prefill_tokens = prompt tokens submitted (transformers does not report block reuse)")
+    return entry
+
+
+def _side(results: list) -> dict:
+    last = results[-1]
+    walls = [r.wall_s for r in results]
+    med = statistics.median(walls)
+    return {"requests": last.requests, "prompt_tokens": last.prompt_tokens, "generated_tokens": last.generated_tokens,
+            **_walls(walls), "tokens_per_s": last.generated_tokens / med if med > 0 else None}
+
+
+def _replay_entry(runs: BenchRuns) -> dict | None:
+    if not runs.replay_engine or not runs.replay_hf:
+        return None
+    from .hfcb import token_agreement
+
+    eng, hf = _side(runs.replay_engine), _side(runs.replay_hf)
+    return {"max_new_tokens": runs.replay_tokens, "exact": eng, "hf-cb": hf,
+            "throughput_exact_over_hf": ratio(eng["tokens_per_s"], hf["tokens_per_s"]),
+            "token_agreement": token_agreement(runs.replay_engine[-1], runs.replay_hf[-1])}
+
+
+def _f(v: Any, fmt: str = "{:.2f}") -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return fmt.format(v)
+    return str(v)
+
+
+def markdown(doc: dict) -> str:
+    """The tables printed on stdout."""
+    lines = [f"### treesearch bench {doc.get('workload')} ({doc.get('task')}, rows {doc.get('range')}, "
+             f"{doc.get('items')} items, model {doc.get('model')}, repeat {doc.get('repeat')})", "",
+             "| mode | wall s (median ± spread) | x vs nokv | x vs exact | prefill | decode | reused | unique | "
+             "model calls | verify calls / skipped | verify layers run / full | peak KV MiB | accuracy | agreement |",
+             "|" + "---|" * 14]
+    for name, e in doc["modes"].items():
+        if e["status"] in ("failed", "skipped") :
+            lines.append(f"| {name} | {e['status']}: {e['reason']} |" + " |" * 12 + "")
+            continue
+        kv = e["peak_kv_bytes"] / 2**20 if e["peak_kv_bytes"] is not None else None
+        ver = "—" if e["verify_calls"] is None else f"{e['verify_calls']} / {e['verify_skipped']}"
+        lay = "—" if e["verify_layers_run"] is None else f"{e['verify_layers_run']} / {e['verify_layers_full']}"
+        lines.append(
+            f"| {name} | {_f(e['wall_s'])} ± {_f(e['wall_s_spread'])} | {_f(e['speedup_vs_nokv'], '{:.2f}x')} | "
+            f"{_f(e['speedup_vs_exact'], '{:.2f}x')} | {_f(e['prefill_tokens'])} | {_f(e['decode_tokens'])} | "
+            f"{_f(e['reused_tokens'])} | {_f(e['unique_tokens'])} | {_f(e['model_calls'])} | {ver} | {lay} | "
+            f"{_f(kv, '{:.1f}')} | {_f(e['accuracy'])} | {_f(doc['agreement'].get(name))} |")
+    notes = [(n, t) for n, e in doc["modes"].items() for t in e["notes"]]
+    if notes:
+        lines += ["", "Notes:"] + [f"- {n}: {t}" for n, t in notes]
+    rp = doc.get("replay")
+    if rp:
+        lines += ["", f"Generation replay (same requests, same token ids, greedy, no stop strings, "
+                      f"max_new_tokens={rp['max_new_tokens']}):", "",
+                  "| side | requests | prompt tokens | generated tokens | wall s (median ± spread) | tokens/s |",
+                  "|---|---|---|---|---|---|"]
+        for side in ("exact", "hf-cb"):
+            s = rp[side]
+            lines.append(f"| {side} | {s['requests']} | {s['prompt_tokens']} | {s['generated_tokens']} | "
+                         f"{_f(s['wall_s'])} ± {_f(s['wall_s_spread'])} | {_f(s['tokens_per_s'], '{:.1f}')} |")
+        lines += ["", f"exact / hf-cb generation throughput: {_f(rp['throughput_exact_over_hf'], '{:.2f}x')}; "
+                      f"identical greedy outputs: {_f(rp['token_agreement'])}"]
+    return "\n".join(lines)
+
+
+def plot(doc: dict, path: str) -> None:
+    """PNG: speedup vs nokv per mode, and the token counts per mode (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n, e in doc["modes"].items() if e["status"] in ("ok", "partial")]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    speed = [doc["modes"][n]["speedup_vs_nokv"] or 0.0 for n in names]
+    a1.bar(names, speed, color="tab:blue")
+    a1.axhline(1.0, color="grey", lw=0.8)
+    a1.set_title("speedup vs nokv (wall time)")
+    bottom = [0.0] * len(names)
+    for key, color in (("prefill_tokens", "tab:orange"), ("decode_tokens", "tab:green"), ("reused_tokens", "tab:grey")):
+        vals = [float(doc["modes"][n][key] or 0) for n in names]
+        a2.bar(names, vals, bottom=bottom, color=color, label=key.replace("_tokens", ""))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    a2.set_title("tokens")
+    a2.legend()
+    fig.suptitle(f"treesearch bench {doc.get('workload')} ({doc.get('task')}, {doc.get('model')})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,134 @@
+"""Runs every mode on the same inputs and seeds: warm-up once, then `repeat` rounds, each round
+running the modes one after another (interleaved, so slow drift of a shared machine hits every
+mode alike). A mode that fails records its error as the reason instead of stopping the benchmark.
+
+rksc's cache budget is a fraction of exact's peak KV bytes from the same round (RSBCM must then
+evict to stay under it); without an exact run it stays unbounded and the notes say so.
+hf-cb replays the generation requests recorded by the first engine mode that ran (exact first).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ..config import Sampling
+from ..engine import Engine
+from ..runtime import LanguageModel
+from . import hfcb
+from .modes import ENGINE_MODES, Mode, make_mode
+from .workloads import RunResult, Tick, Workload
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModeRuns:
+    mode: Mode
+    runs: list[RunResult] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class BenchRuns:
+    """Everything measured: per mode its runs, and the generation replay (engine vs hf-cb)."""
+
+    modes: dict[str, ModeRuns] = field(default_factory=dict)
+    replay_engine: list[hfcb.ReplayResult] = field(default_factory=list)
+    replay_hf: list[hfcb.ReplayResult] = field(default_factory=list)
+    replay_tokens: int = 0
+
+
+def warm_up(lm: LanguageModel, mode: Mode) -> None:
+    """One small generate + score call (first-call allocations, lazy imports) before timing."""
+    if mode.config is None:
+        hfcb.warm_up_hf(lm)
+        return
+    engine = Engine(lm, mode.config)
+    engine.generate(["Warm up: count 1 2 3"] * 2, Sampling(max_new_tokens=4))
+    engine.score(["Warm up: is 2 + 2 = 4? Reply yes or no.\nReply:"], [" yes", " no"])
+
+
+def total_ticks(workload: Workload, names: list[str], repeat: int) -> int:
+    engine_modes = sum(1 for n in names if n in ENGINE_MODES)
+    extra = 1 if "hf-cb" in names and not engine_modes else 0
+    return len(workload.items) * repeat * (engine_modes + extra) + (2 * repeat if "hf-cb" in names else 0)
+
+
+def run_all(lm: LanguageModel, workload: Workload, names: list[str], *, repeat: int = 1,
+            tick: Tick | None = None, budget_fraction: float = 0.5, replay_tokens: int | None = None) -> BenchRuns:
+    tick = tick or (lambda n: None)
+    out = BenchRuns()
+    for name in names:
+        out.modes[name] = ModeRuns(make_mode(name))
+    for name, mr in out.modes.items():
+        try:
+            warm_up(lm, mr.mode)
+        except Exception as err:  # noqa: BLE001 - recorded as the mode's reason
+            mr.error = f"warm-up failed: {type(err).__name__}: {err}"
+    for _ in range(repeat):
+        exact_peak = None
+        for name in [n for n in ENGINE_MODES if n in out.modes]:
+            mr = out.modes[name]
+            if mr.error:
+                continue
+            if name == "rksc":
+                _set_budget(mr.mode, exact_peak, budget_fraction)
+            try:
+                run = _run_mode(lm, workload, mr.mode, tick)
+            except Exception as err:  # noqa: BLE001
+                log.exception("mode %s failed", name)
+                mr.error = f"{type(err).__name__}: {err}"
+                continue
+            mr.runs.append(run)
+            if name == "exact":
+                exact_peak = run.stats.get("peak_kv_bytes")
+        if "hf-cb" in out.modes and not out.modes["hf-cb"].error:
+            _replay(lm, workload, out, tick, replay_tokens)
+    return out
+
+
+def _run_mode(lm: LanguageModel, workload: Workload, mode: Mode, tick: Tick, retries: int = 4) -> RunResult:
+    """One run; a budget too small for one batch is raised 1.5x and the run repeated (noted)."""
+    from ..errors import CacheBudgetError
+
+    for attempt in range(retries + 1):
+        try:
+            return workload.run(lm, mode.config, tick)
+        except CacheBudgetError:
+            if mode.config.cache_budget is None or attempt == retries:
+                raise
+            mode.config.cache_budget = int(mode.config.cache_budget * 1.5)
+            mode.notes.append(f"CacheBudgetError: budget raised 1.5x to {mode.config.cache_budget} B and rerun")
+    raise AssertionError("unreachable")
+
+
+def _set_budget(mode: Mode, exact_peak: int | None, fraction: float) -> None:
+    from .modes import feature_notes
+
+    budget = max(1, int(exact_peak * fraction)) if exact_peak and fraction > 0 else None
+    mode.config.cache_budget = budget
+    mode.notes[:] = feature_notes(mode.config)
+    if budget is not None:
+        mode.notes.append(f"cache_budget = {fraction:g} x exact's peak KV bytes")
+
+
+def _replay(lm: LanguageModel, workload: Workload, out: BenchRuns, tick: Tick, replay_tokens: int | None) -> None:
+    mr = out.modes["hf-cb"]
+    source = next((out.modes[n].runs[-1] for n in ("exact", "nokv", "rksc")
+                   if n in out.modes and out.modes[n].runs), None)
+    if source is None:  # hf-cb alone: record the requests with an untimed exact run
+        source = workload.run(lm, make_mode("exact").config, tick)
+        mr.mode.notes.append("requests recorded by an untimed exact run")
+    out.replay_tokens = replay_tokens or source.max_new_tokens
+    try:
+        engine_side = hfcb.replay_engine(lm, source.requests, out.replay_tokens)
+        tick(1)
+        hf_side = hfcb.replay_hf(lm, engine_side.inputs, out.replay_tokens)
+        tick(1)
+    except Exception as err:  # noqa: BLE001
+        log.exception("hf-cb replay failed")
+        mr.error = f"{type(err).__name__}: {err}"
+        return
+    out.replay_engine.append(engine_side)
+    out.replay_hf.append(hf_side)

@@ -1,0 +1,134 @@
+"""The benchmark workloads: what one mode runs, and what it records (`RunResult`).
+
+- game24: the ToT BFS (Searcher + Game24 + strategies.BFS(breadth=5)) on puzzles of 24.csv.
+- branch: B sampled reasoning branches per question, each verified, score-weighted vote
+  (`treesearch.bench.branch`).
+- tree:   plan / execute / reflect, 3 branches per level, 27 leaves, majority vote on GSM8K
+  (`treesearch.bench.tree`).
+Each run records its counters, its decisions (strings compared position by position across modes),
+per-item correctness, and the generation requests it issued (prompts batched as issued) so that
+`hf-cb` can replay exactly those.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import RKSCConfig
+from ..runtime import LanguageModel
+
+Tick = Callable[[int], None]
+SUM_FIELDS = ("prefill_tokens", "reused_tokens", "decode_tokens", "unique_tokens", "generated_tokens",
+              "model_calls", "generate_calls", "score_calls", "verify_calls", "verify_skipped",
+              "verify_layers_run", "verify_layers_full", "cgee_disagreements", "asks_attached",
+              "asks_extra_reused", "evicted_blocks", "recomputed_tokens")
+
+
+@dataclass
+class RunResult:
+    """One timed run of a workload in one mode."""
+
+    wall_s: float = 0.0
+    stats: dict = field(default_factory=dict)
+    decisions: list[str] = field(default_factory=list)
+    correct: list[bool] = field(default_factory=list)
+    requests: list[list[list[str]]] = field(default_factory=list)  # item -> generate call -> prompts
+    max_new_tokens: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def add_stats(self, stats: dict) -> None:
+        """Sum counters over items; peak KV is the maximum (each item has its own engine)."""
+        for k in SUM_FIELDS:
+            self.stats[k] = self.stats.get(k, 0) + int(stats.get(k, 0) or 0)
+        self.stats["peak_kv_bytes"] = max(self.stats.get("peak_kv_bytes", 0), int(stats.get("peak_kv_bytes", 0)))
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+
+@dataclass
+class Workload:
+    """A named workload over a list of inputs; `run(lm, config, tick)` does one timed pass."""
+
+    name: str
+    task: str
+    items: list[Any]
+    runner: Callable[..., RunResult]
+    options: dict = field(default_factory=dict)
+
+    def run(self, lm: LanguageModel, config: RKSCConfig, tick: Tick | None = None) -> RunResult:
+        return self.runner(lm, config, self.items, tick or (lambda n: None), **self.options)
+
+
+def run_game24(lm: LanguageModel, config: RKSCConfig, puzzles: list[str], tick: Tick, *,
+               breadth: int = 5, seed: int = 0, max_new_tokens: int | None = None) -> RunResult:
+    """ToT BFS per puzzle; decisions = the states kept at each depth, then the answer."""
+    from strategies import BFS
+
+    from ..searcher import Searcher
+    from ..tasks.game24 import Game24
+
+    out = RunResult()
+    for puzzle in puzzles:
+        problem = Game24() if max_new_tokens is None else Game24(max_new_tokens=max_new_tokens)
+        out.max_new_tokens = problem.sampling.max_new_tokens
+        searcher = Searcher(lm, problem, BFS(breadth=breadth), config, seed=seed, progress=False)
+        t0 = time.perf_counter()
+        result = searcher.solve(puzzle)
+        out.wall_s += time.perf_counter() - t0
+        out.add_stats(result.stats)
+        tree = result.tree
+        by_depth: dict[int, list] = {}
+        for n in tree.graph.nodes:
+            by_depth.setdefault(tree.node(n)["depth"], []).append(n)
+        batches = []
+        for depth in sorted(by_depth):
+            nodes = sorted(by_depth[depth])
+            if depth > 0:
+                kept = sorted(problem.state_key(tree.node(n)["state"]) for n in nodes
+                              if tree.node(n)["status"] != "pruned")
+                out.decisions.append(f"{puzzle}|depth {depth}|" + ";".join(kept))
+            prompts = [problem.expand_prompt(tree.node(n)["state"]) for n in nodes if "generations" in tree.node(n)
+                       for _ in range(max(1, problem.samples_per_expand))]
+            if prompts:
+                batches.append(prompts)
+        out.decisions.append(f"{puzzle}|answer|{result.answer}")
+        out.correct.append(bool(result.solved))
+        out.requests.append(batches)
+        tick(1)
+    return out
+
+
+def make_workload(name: str, task: str | None, start: int, end: int, *, branches: int = 8,
+                  seed: int = 0, max_new_tokens: int | None = None) -> Workload:
+    """The workload named on the command line, over input rows [start, end); max_new_tokens
+    overrides the workload's generation lengths (None = the workload's own)."""
+    from ..tasks import datasets
+
+    if name == "game24":
+        from ..tasks.game24 import load_puzzles
+
+        return Workload("game24", "game24", load_puzzles(start, end), run_game24,
+                        {"seed": seed, "max_new_tokens": max_new_tokens})
+    if name == "branch":
+        from .branch import run_branch
+
+        task = task or "gsm8k"
+        loaders = {"gsm8k": datasets.load_gsm8k, "arc_challenge": datasets.load_arc,
+                   "mmlu_stem": datasets.load_mmlu_stem}
+        if task not in loaders:
+            raise SystemExit(f"unknown task {task!r} for branch; choose from {', '.join(loaders)}")
+        return Workload("branch", task, loaders[task](start, end), run_branch,
+                        {"task": task, "branches": branches, "seed": seed, "max_new_tokens": max_new_tokens})
+    if name == "tree":
+        from .tree import run_tree
+
+        if task not in (None, "gsm8k"):
+            raise SystemExit(f"the tree workload runs on gsm8k only, not {task!r}")
+        return Workload("tree", "gsm8k", datasets.load_gsm8k(start, end), run_tree,
+                        {"seed": seed, "max_new_tokens": max_new_tokens})
+    raise SystemExit(f"unknown workload {name!r}; choose from game24, branch, tree")
