@@ -231,6 +231,8 @@ class Searcher:
         out: dict[int, list[int]] = {n: [] for n in nodes}
         for n, gen, kept in parsed:
             tree.node(n).setdefault("generations", []).append(gen.text)
+            if gen.asks_ref is not None:  # ASKS: this expansion's prompt attached to another node's K/V
+                tree.node(n)["asks_expand"] = {"ref": who[gen.asks_ref], "sigma": gen.asks_sigma}
             for c, terminal, solved in kept:
                 cid = tree.add_child(n, c.thought, c.state, confidence=gen.confidence)
                 d = tree.node(cid)
