@@ -100,6 +100,8 @@ class BatchKV:
         self.k = self.k.index_select(1, idx)
         self.v = self.v.index_select(1, idx)
         self.valid = self.valid.index_select(0, idx)
+        if self._mask is not None:  # rows dropped inside a forward (CGEE per-row exit)
+            self._mask = self._mask.index_select(0, idx)
         remap = {old: new for new, old in enumerate(keep)}
         groups = []
         for seg, used, rows in self.groups:

@@ -100,6 +100,10 @@ def _fmt(v: Any) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    if argv[:1] == ["calibrate"]:  # argparse's REMAINDER drops a leading "--option": hand over as is
+        from .calibrate import main as calibrate_main
+
+        return calibrate_main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "solve":
         return cmd_solve(args)

@@ -200,7 +200,9 @@ class Engine:
         """Probabilities of each label's first token right after each prompt, in one forward pass.
 
         exit_rule(layer, label_probs [B, n_labels]) -> True stops the pass after that layer (CGEE);
-        a pass cut short stores no K/V.
+        a pass cut short stores no K/V. A rule that returns a bool tensor [B] decides per row: the
+        rows marked True stop there (their Score has that layers_run and stores no K/V), and the
+        rule is called next with the survivors only, in the same order (see `treesearch.cgee.LayerExit`).
         """
         if not prompts:
             return []
@@ -433,24 +435,46 @@ class Engine:
         rows = torch.arange(ids.shape[0], device=ids.device)
         last = last.to(ids.device)
         layers = base.layers
+        per_row = None  # per-row exit (the rule returned a bool tensor): _RowExits
         for i, layer in enumerate(layers):
             h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe, ts_batch=batch)
             if capture is not None:
                 capture.append(h)
             if exit_rule is not None and i < len(layers) - 1:
                 probs = self._label_probs(base.norm(h[rows, last]), label_ids)
-                if exit_rule(i + 1, probs):
+                verdict = exit_rule(i + 1, probs)
+                if isinstance(verdict, torch.Tensor):
+                    per_row = per_row or _RowExits(ids.shape[0])
+                    keep = per_row.drop(verdict, probs, i + 1)
+                    if not per_row.alive:
+                        return per_row
+                    if keep is not None:  # rows that settled stop here; the others run on
+                        idx = torch.tensor(keep, dtype=torch.long, device=h.device)
+                        h, pos, last = h[idx], pos[idx], last[idx]
+                        pe = tuple(t[idx] for t in pe)
+                        rows = torch.arange(len(keep), device=h.device)
+                        batch.select(keep)
+                elif verdict:
                     return probs, i + 1
         if not want_logits:
             return None
         logits = model.lm_head(base.norm(h[rows, last])).float()
+        if per_row is not None:
+            per_row.finish(torch.softmax(logits, dim=-1), len(layers))
+            return per_row
         if label_ids is not None:
             return torch.softmax(logits, dim=-1), len(layers)
         return logits
 
     def _label_probs(self, hidden, label_ids):
-        logits = self.lm.model.lm_head(hidden).float()
-        return torch.softmax(logits[:, label_ids], dim=-1)
+        """Softmax over the labels' logits only: the LM head's rows of the labels, not the whole
+        vocabulary (a full head per layer would cost more than the layer itself)."""
+        head = self.lm.model.lm_head
+        idx = torch.as_tensor(label_ids, device=hidden.device)
+        logits = hidden @ head.weight.index_select(0, idx).T
+        if getattr(head, "bias", None) is not None:
+            logits = logits + head.bias.index_select(0, idx)
+        return torch.softmax(logits.float(), dim=-1)
 
     def _generate_batch(self, prompts: list[str], sampling: Sampling, seeds: list[int],
                         owners: list[Any] | None) -> list[Generation]:
@@ -541,20 +565,25 @@ class Engine:
     def _score_batch(self, prompts, labels, label_ids, owners, exit_rule) -> list[Score]:
         rows = self._prepare(prompts, 0)
         news = [r.ids[r.matched:] for r in rows]
-        batch, (probs, layers_run) = self._prefill([r.chain for r in rows], news, [r.matched for r in rows],
-                                                   extra=0, want_logits=True, exit_rule=exit_rule,
-                                                   label_ids=label_ids)
+        batch, out = self._prefill([r.chain for r in rows], news, [r.matched for r in rows],
+                                   extra=0, want_logits=True, exit_rule=exit_rule, label_ids=label_ids)
         self.stats.reused_tokens += sum(r.matched for r in rows)
-        full = layers_run == self.lm.num_layers
+        if isinstance(out, _RowExits):  # per-row exit: each row has its own depth and batch row
+            per = [(out.probs[b], out.layers[b], out.batch_row[b]) for b in range(len(rows))]
+        else:
+            per = [(out[0][b], out[1], b) for b in range(len(rows))]
         results = []
         for b, r in enumerate(rows):
+            probs_b, layers_run, brow = per[b]
+            probs = probs_b[None]
+            full = layers_run == self.lm.num_layers
             end = None
-            if self.config.shares and full:
-                end = self._insert(r.ids, r.matched, batch.row_kv(b, 0, len(news[b])))
+            if self.config.shares and full:  # a row cut short stores no K/V
+                end = self._insert(r.ids, r.matched, batch.row_kv(brow, 0, len(news[b])))
             if full:
-                raw = {lab: float(probs[b, i]) for lab, i in zip(labels, label_ids)}
+                raw = {lab: float(probs[0, i]) for lab, i in zip(labels, label_ids)}
             else:
-                raw = {lab: float(probs[b, k]) for k, lab in enumerate(labels)}
+                raw = {lab: float(probs[0, k]) for k, lab in enumerate(labels)}
             tot = sum(raw.values()) or 1.0
             self.unique.add(r.ids)
             results.append(Score(probs={k: v / tot for k, v in raw.items()}, raw=raw, layers_run=layers_run,
@@ -575,6 +604,35 @@ class Engine:
         for res, owner in zip(results, owners):
             if res.handle is not None and owner is not None:
                 self.store.acquire(owner, res.handle)
+
+
+class _RowExits:
+    """Per-row CGEE exits of one scoring forward: each row's probabilities (label-renormalised
+    where it stopped early, over the vocabulary where it ran every layer), layers run, and its row
+    in the (shrunk) batch buffer when it ran in full (None when cut short: it stores no K/V)."""
+
+    def __init__(self, bsz: int) -> None:
+        self.alive = list(range(bsz))  # original index of each row still running, in batch order
+        self.probs: list = [None] * bsz
+        self.layers = [0] * bsz
+        self.batch_row: list[int | None] = [None] * bsz
+
+    def drop(self, stop: torch.Tensor, probs: torch.Tensor, layer: int) -> list[int] | None:
+        """Record the rows marked in stop; returns the batch rows to keep, None when none stop."""
+        flags = stop.tolist()
+        if not any(flags):
+            return None
+        for j, s in enumerate(flags):
+            if s:
+                self.probs[self.alive[j]] = probs[j]
+                self.layers[self.alive[j]] = layer
+        keep = [j for j, s in enumerate(flags) if not s]
+        self.alive = [self.alive[j] for j in keep]
+        return keep
+
+    def finish(self, probs: torch.Tensor, layer: int) -> None:
+        for j, b in enumerate(self.alive):
+            self.probs[b], self.layers[b], self.batch_row[b] = probs[j], layer, j
 
 
 def _eos_ids(lm: LanguageModel) -> set[int]:

@@ -1,0 +1,97 @@
+"""`treesearch calibrate`: the Clopper-Pearson bound, the offline replay of the CGEE rules (the same
+decisions as the online rules), and a calibration on the tiny model that has zero disagreement on
+its own calibration set, checked again through the real engine."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from treesearch.calibrate import (Dataset, binom_cdf, clopper_pearson_upper, entropies, exit_layers, fit, main,
+                                  replay)
+from treesearch.cgee import LayerExit, Thresholds, exit_layer, load_thresholds
+from treesearch.config import RKSCConfig
+from treesearch.engine import Engine
+
+
+def test_clopper_pearson_known_values():
+    assert clopper_pearson_upper(0, 1000) == pytest.approx(1 - 0.025 ** (1 / 1000), abs=1e-9)  # 0.00368
+    assert clopper_pearson_upper(1, 10) == pytest.approx(0.44502, abs=1e-5)  # textbook two-sided 95% interval
+    assert clopper_pearson_upper(10, 10) == 1.0
+    up = clopper_pearson_upper(6, 1616)
+    assert binom_cdf(6, 1616, up) == pytest.approx(0.025, abs=1e-9)
+    assert 6 / 1616 < up < clopper_pearson_upper(7, 1616)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.floats(0.0, 1.1), min_size=4, max_size=4), min_size=1, max_size=5),
+       st.floats(0.0, 1.2), st.floats(1e-6, 0.5), st.integers(1, 5))
+def test_offline_exit_layers_equal_the_rule(h, theta, eps, m):
+    got = exit_layers(np.asarray(h), theta, eps, m)
+    for row, g in zip(h, got):
+        want = exit_layer(row[:-1], theta, eps, m)  # no exit after the last layer
+        assert g == (want if want is not None else len(row))
+
+
+def _hand_made() -> Dataset:
+    # 3 calls, 3 layers, 2 labels (weights 10, 0). Call 0 settles early on the right label;
+    # call 1 drops to low entropy at layer 2 on the WRONG label (a jump of 0.55 nats); call 2 never settles.
+    traj = np.array([
+        [[0.99, 0.01], [0.99, 0.01], [0.98, 0.02]],
+        [[0.30, 0.70], [0.01, 0.99], [0.60, 0.40]],
+        [[0.50, 0.50], [0.60, 0.40], [0.30, 0.70]],
+    ])
+    steps = [[{"node": 1, "parent": 0, "conf": 0.9, "call": 0, "value": None},
+              {"node": 2, "parent": 0, "conf": 0.5, "call": 1, "value": None},
+              {"node": 3, "parent": 0, "conf": 0.2, "call": 2, "value": None}]]
+    return Dataset(task="t", model="m", labels=["a", "b"], weights=[10.0, 0.0], traj=traj, steps=steps, breadth=1)
+
+
+def test_replay_counts_exact_decisions():
+    ds = _hand_made()
+    loose = replay(ds, Thresholds(theta=0.2, eps=1.0, min_layer=2, tau_conf=1.01))
+    # calls 0 and 1 exit at layer 2; call 1's argmax flips (b instead of a); the top-1 (node 1) holds
+    assert (loose.layers_run, loose.call_errors, loose.step_errors, loose.skipped) == (2 + 2 + 3, 1, 0, 0)
+    careful = replay(ds, Thresholds(theta=0.2, eps=0.01, min_layer=2, tau_conf=1.01))
+    assert (careful.layers_run, careful.errors) == (2 + 3 + 3, 0)  # call 1 moved too much to exit
+    full = replay(ds, Thresholds(theta=0.2, eps=0.01, min_layer=3, tau_conf=1.01))
+    assert (full.layers_run, full.errors) == (9, 0)
+    skip = replay(ds, Thresholds(theta=0.0, eps=0.0, min_layer=3, tau_conf=0.8, margin=0.3))
+    # the set {1, 2, 3} is decisive (0.9 >= 0.8, lead 0.4); node 1 is also the full verifier's best
+    assert (skip.skipped, skip.layers_run, skip.errors) == (3, 0, 0)
+
+
+def test_fit_picks_the_cheapest_safe_setting():
+    ds = _hand_made()
+    t, out = fit(ds)
+    assert out.errors == 0
+    assert replay(ds, t).errors == 0
+    assert out.layers_run == 0 and t.tau_conf <= 0.9  # skipping the decisive set is safe and cheapest
+    ds.steps = []  # without a search only Level 2 is fitted: call 0 may exit at 2, call 1 must not
+    t, out = fit(ds)
+    assert (out.layers_run, out.errors) == (2 + 3 + 3, 0)
+
+
+def test_calibration_on_tiny_model_has_zero_disagreement(tiny_lm, tmp_path):
+    out, calls = tmp_path / "tiny.json", tmp_path / "calls.json"
+    rc = main(["--task", "game24", "--proposer", "legal", "--model", "tiny", "--range", "800:801",
+               "--out", str(out), "--save-calls", str(calls)])
+    assert rc == 0
+    saved = json.loads(out.read_text())
+    entry = saved["tasks"]["game24"]
+    assert entry["calibration"]["call_errors"] == 0 and entry["calibration"]["step_errors"] == 0
+    t = load_thresholds(saved["model"], "game24", path=out)
+    ds = Dataset.from_json(json.loads(calls.read_text()))
+    assert ds.traj.shape[1] == tiny_lm.num_layers and len(ds.traj) == entry["calibration"]["calls"] > 20
+    assert replay(ds, t).errors == 0
+    # the engine's per-row rule reproduces the offline exit layers on the same prompts
+    prompts = ds.meta["prompts"][:24]
+    scores = Engine(tiny_lm, RKSCConfig()).score(prompts, ds.labels, exit_rule=LayerExit(t))
+    want = exit_layers(entropies(ds.traj[:24]), t.theta, t.eps, t.min_layer)
+    assert [s.layers_run for s in scores] == want.tolist()
+    assert not math.isnan(entry["calibration"]["layer_fraction"])

@@ -1,0 +1,483 @@
+"""`treesearch calibrate`: pick CGEE thresholds for a model and task from real verification calls,
+and measure their decision error on held-out calls.
+
+1. Collect: run real searches (Game of 24: ToT BFS over 24.csv rows outside the benchmark slice
+   900-999) or score real multiple-choice prompts (ARC: the answer letter after the question),
+   with full passes, keeping for every verification call its label distribution after every
+   layer (a logit lens through the final norm and LM head) and, for searches, each step's
+   candidates (parent, generation confidence, programmatic value).
+2. Fit, offline over a grid: theta, eps and min_layer (Level 2), then tau_conf and margin
+   (Level 1), keeping only settings under which every decision equals the full pass's on the
+   calibration set: each call's label argmax, each skipped set's chosen branch, and each BFS
+   step's selected set of `breadth` branches. Of those, the one running the fewest verifier
+   layers wins. With no safe exit the fit returns min_layer = L (never exit) and tau_conf > 1.
+3. Report the skip rate, the mean fraction of verifier layers run, and the observed decision
+   error k/n with its 95% Clopper-Pearson upper bound, on the calibration set and (with
+   --eval-range) on held-out calls.
+The fitted values are merged into treesearch/calibration/<model>.json (or --out), which the
+Searcher uses when RKSCConfig.min_layer is None.
+
+    treesearch calibrate --task game24 --range 800:810 --eval-range 810:830
+    treesearch calibrate --task arc --range 1000:1172 --eval-range 0:1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .cgee import Thresholds, calibration_path, confidence_value
+
+THETAS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.1, 1.4)  # ln 3 = 1.10, ln 4 = 1.39
+EPSS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)
+TAUS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99)
+MARGINS = (0.05, 0.1, 0.2)
+NEVER = 1.01  # tau_conf above any probability: Level 1 off
+
+
+# -- statistics ------------------------------------------------------------------------------------
+def binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p), summed exactly in log space."""
+    if p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 1.0 if k >= n else 0.0
+    lp, lq = math.log(p), math.log1p(-p)
+    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
+             for i in range(0, k + 1)]
+    m = max(terms)
+    return min(1.0, math.exp(m) * sum(math.exp(t - m) for t in terms))
+
+
+def clopper_pearson_upper(k: int, n: int, confidence: float = 0.95) -> float:
+    """Upper end of the two-sided Clopper-Pearson interval for k events in n trials: the p with
+    P(X <= k; n, p) = (1 - confidence) / 2, found by bisection (1.0 when k == n).
+    For k = 0 this is 1 - (alpha/2)^(1/n), e.g. 0.00368 for n = 1000."""
+    if n <= 0:
+        return 1.0
+    if k >= n:
+        return 1.0
+    target = (1.0 - confidence) / 2
+    lo, hi = k / n, 1.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if binom_cdf(k, n, mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+# -- collected data ----------------------------------------------------------------------------------
+@dataclass
+class Dataset:
+    """Verification calls and the search steps that used them.
+
+    traj: [N, L, K] label probabilities of call i after layer l+1 (the last = the full pass).
+    weights: [K] label weights (the value is weights . probs), or None for pure argmax tasks.
+    steps: per search step, its candidates as dicts {node, parent, conf, call (index or None),
+    value (programmatic value or None)}; empty for tasks without a search.
+    """
+
+    task: str
+    model: str
+    labels: list[str]
+    weights: list[float] | None
+    traj: np.ndarray
+    steps: list[list[dict]] = field(default_factory=list)
+    breadth: int = 5
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"task": self.task, "model": self.model, "labels": self.labels, "weights": self.weights,
+                "traj": self.traj.round(6).tolist(), "steps": self.steps, "breadth": self.breadth, "meta": self.meta}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Dataset:
+        return cls(task=d["task"], model=d["model"], labels=d["labels"], weights=d["weights"],
+                   traj=np.asarray(d["traj"], dtype=np.float64), steps=d["steps"], breadth=d["breadth"],
+                   meta=d.get("meta", {}))
+
+
+def collect_game24(lm, start: int, end: int, *, breadth: int = 5, log=print) -> Dataset:
+    """Run ToT BFS on 24.csv rows [start, end) with full verification passes, recording every call."""
+    from strategies import BFS
+
+    from .config import RKSCConfig
+    from .searcher import Searcher
+    from .tasks.game24 import Game24, load_puzzles
+
+    problem = Game24()
+    labels = list(problem.labels)
+    trajs: list = []
+    steps: list[list[dict]] = []
+    t0 = time.perf_counter()
+    for i, puzzle in enumerate(load_puzzles(start, end)):
+        searcher = Searcher(lm, problem, BFS(breadth=breadth), RKSCConfig(kv_sharing="exact"), progress=False)
+        searcher.cgee_trace = trace = {}
+        result = searcher.solve(puzzle)
+        index = {}
+        for q, traj in trace.items():
+            index[q] = len(trajs)
+            trajs.append(traj)
+        tree = result.tree
+        for depth in range(1, problem.max_depth + 1):
+            nodes = [n for n in tree.graph.nodes if tree.node(n)["depth"] == depth]
+            if not nodes:
+                break
+            step = []
+            for n in sorted(nodes):
+                d = tree.node(n)
+                state = d["state"]
+                value = problem.value(state)
+                call = None if value is not None else index.get(problem.value_prompt(state))
+                if value is None and call is None:
+                    continue  # valued in an earlier search of the same prompt: not in this trace
+                step.append({"node": n, "parent": tree.parent(n), "conf": float(d.get("confidence", 0.0)),
+                             "call": call, "value": value})
+            steps.append(step)
+        log(f"  [{i + 1}/{end - start}] {puzzle}: {len(trace)} calls, solved={result.solved} "
+            f"({time.perf_counter() - t0:.0f}s)")
+    return Dataset(task="game24", model=lm.name, labels=labels, weights=[problem.labels[k] for k in labels],
+                   traj=np.asarray(trajs, dtype=np.float64), steps=steps, breadth=breadth,
+                   meta={"range": f"{start}:{end}"})
+
+
+def legal_moves(numbers) -> list[tuple]:
+    """Every state one exact move (+, -, *, / over two of the numbers) away, as `apply_move` parses it."""
+    from .tasks.arith import fmt
+    from .tasks.game24 import apply_move
+
+    out, seen = [], set()
+    for i in range(len(numbers)):
+        for j in range(len(numbers)):
+            if i == j:
+                continue
+            a, b = numbers[i], numbers[j]
+            for op in "+-*/":
+                if (op in "+*" and i > j) or (op == "/" and b == 0):
+                    continue
+                move = apply_move(numbers, f"{fmt(a)} {op} {fmt(b)} = ?")
+                if move is not None and move[1] not in seen:
+                    seen.add(move[1])
+                    out.append(move)
+    return out
+
+
+def collect_game24_oracle(lm, start: int, end: int, *, breadth: int = 5, log=print, skip_prompts=(),
+                          checkpoint=None) -> Dataset:
+    """BFS on 24.csv rows [start, end) whose proposer is every legal move (no generation) and whose
+    verifier is the model's real value prompt, scored with full passes: many real verification
+    calls for little CPU. No generation means no confidences, so Level 1 never fires here."""
+    from .config import RKSCConfig
+    from .engine import Engine
+    from .tasks.game24 import Game24, load_puzzles
+    from .verify import LayerRecorder
+
+    problem = Game24()
+    labels = list(problem.labels)
+    w = np.asarray([problem.labels[k] for k in labels])
+    engine = Engine(lm, RKSCConfig(kv_sharing="exact"))
+    trajs: list = []
+    index: dict[str, int] = {}
+    skip = set(skip_prompts)
+    steps: list[list[dict]] = []
+    t0 = time.perf_counter()
+    nid = 0
+    for k, puzzle in enumerate(load_puzzles(start, end)):
+        frontier = [(0, problem.initial_state(puzzle))]
+        values: dict[str, float] = {}
+        for depth in range(1, problem.max_depth):
+            cands = []
+            for parent, state in frontier:
+                for thought, left in legal_moves(state.numbers):
+                    nid += 1
+                    child = type(state)(puzzle=state.puzzle, numbers=left, steps=state.steps + (thought,))
+                    cands.append((nid, parent, child, problem.value_prompt(child)))
+            new = sorted({q for *_, q in cands if q not in index and q not in skip})
+            if new:
+                rec = LayerRecorder()
+                scores = engine.score(new, labels, exit_rule=rec)
+                for q, traj, s in zip(new, rec.rows(), scores):
+                    index[q] = len(trajs)
+                    trajs.append(traj + [[s.probs[x] for x in labels]])
+            step = [{"node": n, "parent": par, "conf": 0.0, "call": index[q], "value": None}
+                    for n, par, _, q in cands if q in index]
+            steps.append(step)
+            full = {c["node"]: float(np.asarray(trajs[c["call"]][-1]) @ w) for c in step}
+            keep = set(_top(full, breadth))
+            frontier = [(n, st) for n, _, st, _ in cands if n in keep]
+        log(f"  [{k + 1}/{end - start}] {puzzle}: {len(trajs)} calls so far ({time.perf_counter() - t0:.0f}s)")
+        ds = Dataset(task="game24", model=lm.name, labels=labels, weights=w.tolist(),
+                     traj=np.asarray(trajs, dtype=np.float64), steps=steps, breadth=breadth,
+                     meta={"range": f"{start}:{start + k + 1}", "proposer": "legal", "prompts": list(index)})
+        if checkpoint is not None:
+            checkpoint(ds)
+    return ds
+
+
+CHOICE_PROMPT = "Answer the question with the letter of the correct choice.\nQuestion: {question}\n{choices}\nAnswer:"
+
+
+def choice_prompt(question: str, choices: tuple[str, ...]) -> str:
+    """The zero-shot multiple-choice prompt whose next token is scored over " A".." D"."""
+    lines = "\n".join(f"{'ABCDE'[i]}. {c}" for i, c in enumerate(choices))
+    return CHOICE_PROMPT.format(question=question, choices=lines)
+
+
+def collect_choice(lm, task: str, start: int, end: int, *, log=print, batch: int = 8) -> Dataset:
+    """Score the answer letter of 4-choice ARC / MMLU-STEM rows [start, end) with full passes."""
+    from .config import RKSCConfig
+    from .engine import Engine
+    from .tasks import datasets
+    from .verify import LayerRecorder
+
+    loader = {"arc": datasets.load_arc, "mmlu": datasets.load_mmlu_stem}[task]
+    items = [it for it in loader(start, end) if len(it.choices) == 4]
+    labels = [" A", " B", " C", " D"]
+    engine = Engine(lm, RKSCConfig(kv_sharing="exact"))
+    trajs = []
+    correct = 0
+    t0 = time.perf_counter()
+    for lo in range(0, len(items), batch):
+        chunk = items[lo:lo + batch]
+        rec = LayerRecorder()
+        scores = engine.score([choice_prompt(it.question, it.choices) for it in chunk], labels, exit_rule=rec)
+        for it, traj, s in zip(chunk, rec.rows(), scores):
+            trajs.append(traj + [[s.probs[k] for k in labels]])
+            correct += max(labels, key=lambda k: s.probs[k]).strip() == it.answer
+        if (lo // batch) % 10 == 0:
+            log(f"  [{lo + len(chunk)}/{len(items)}] ({time.perf_counter() - t0:.0f}s)")
+    return Dataset(task=task, model=lm.name, labels=labels, weights=None, traj=np.asarray(trajs, dtype=np.float64),
+                   meta={"range": f"{start}:{end}", "accuracy": correct / max(1, len(items))})
+
+
+# -- offline replay of the rules ---------------------------------------------------------------------
+def entropies(traj: np.ndarray) -> np.ndarray:
+    p = np.clip(traj, 1e-12, 1.0)
+    return -(p * np.log(p)).sum(axis=-1)  # [N, L]
+
+
+def exit_layers(h: np.ndarray, theta: float, eps: float, min_layer: int) -> np.ndarray:
+    """Layers run per call (1-based) under the Level 2 rule; the last layer when none qualifies
+    (the rule is not consulted after the last layer). Same rule as `cgee.exit_layer`."""
+    n, num_layers = h.shape
+    d = np.full_like(h, np.inf)
+    d[:, 1:] = np.abs(h[:, 1:] - h[:, :-1])
+    ok = (h < theta) & (d < eps)
+    ok[:, : max(min_layer, 2) - 1] = False
+    ok[:, num_layers - 1] = True
+    return ok.argmax(axis=1) + 1
+
+
+@dataclass
+class Outcome:
+    """Decisions of one threshold setting against the full pass."""
+
+    calls: int
+    skipped: int
+    layers_run: int  # over verified calls
+    layers_full: int
+    call_errors: int  # calls whose decision differs (label argmax; membership of a skipped set's choice)
+    steps: int
+    step_errors: int  # steps whose selected set of branches differs
+
+    @property
+    def errors(self) -> int:
+        return self.call_errors + self.step_errors
+
+    def report(self) -> dict:
+        return {"calls": self.calls, "skipped": self.skipped, "skip_rate": self.skipped / max(1, self.calls),
+                "layer_fraction": self.layers_run / max(1, self.layers_full),
+                "call_errors": self.call_errors, "call_error_rate": self.call_errors / max(1, self.calls),
+                "call_error_upper95": clopper_pearson_upper(self.call_errors, self.calls),
+                "steps": self.steps, "step_errors": self.step_errors,
+                "step_error_upper95": clopper_pearson_upper(self.step_errors, self.steps) if self.steps else None}
+
+
+def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None) -> Outcome:
+    """Apply thresholds to the recorded calls and compare every decision with the full pass."""
+    h = entropies(ds.traj) if h is None else h
+    n, num_layers, _ = ds.traj.shape
+    ex = exit_layers(h, t.theta, t.eps, t.min_layer)
+    quick = ds.traj[np.arange(n), ex - 1]
+    full = ds.traj[:, -1]
+    wrong = quick.argmax(1) != full.argmax(1)
+    w = np.asarray(ds.weights) if ds.weights is not None else None
+    skipped_calls: set[int] = set()
+    call_errors_skip: set[int] = set()
+    step_errors = 0
+    for step in ds.steps:
+        qv, fv = {}, {}
+        sets: dict = {}
+        for c in step:
+            if c["call"] is None:
+                qv[c["node"]] = fv[c["node"]] = c["value"]
+            else:
+                sets.setdefault(c["parent"], []).append(c)
+                qv[c["node"]] = float(quick[c["call"]] @ w)
+                fv[c["node"]] = float(full[c["call"]] @ w)
+        for members in sets.values():
+            members = sorted(members, key=lambda c: c["node"])
+            from .cgee import decisive_branch
+
+            i = decisive_branch([c["conf"] for c in members], t.tau_conf, t.margin)
+            if i is None:
+                continue
+            best_full = max(members, key=lambda c: (fv[c["node"]], -c["node"]))["node"]
+            for c in members:
+                qv[c["node"]] = confidence_value(c["conf"], dict(zip(ds.labels, ds.weights)))
+                skipped_calls.add(c["call"])
+                if (c["node"] == members[i]["node"]) != (c["node"] == best_full):
+                    call_errors_skip.add(c["call"])
+        if _top(qv, ds.breadth) != _top(fv, ds.breadth):
+            step_errors += 1
+    verified = np.ones(n, dtype=bool)
+    verified[list(skipped_calls)] = False
+    call_errors = int((wrong & verified).sum()) + len(call_errors_skip)
+    return Outcome(calls=n, skipped=len(skipped_calls), layers_run=int(ex[verified].sum()),
+                   layers_full=int(verified.sum()) * num_layers, call_errors=call_errors,
+                   steps=len(ds.steps), step_errors=step_errors)
+
+
+def _top(values: dict, b: int) -> set:
+    return set(sorted(values, key=lambda k: (-values[k], k))[:b])
+
+
+def fit(ds: Dataset) -> tuple[Thresholds, Outcome]:
+    """The setting with zero disagreements on ds that runs the fewest verifier layers."""
+    h = entropies(ds.traj)
+    num_layers = ds.traj.shape[1]
+    best = Thresholds(theta=0.0, eps=0.0, min_layer=num_layers, tau_conf=NEVER, margin=MARGINS[-1])
+    best_out = replay(ds, best, h)
+    for theta in THETAS:
+        for eps in EPSS:
+            for m in range(2, num_layers):
+                t = Thresholds(theta=theta, eps=eps, min_layer=m, tau_conf=NEVER, margin=MARGINS[-1])
+                ex = exit_layers(h, theta, eps, m)
+                if ex.sum() >= best_out.layers_run:
+                    break  # cannot beat the current best; a later min_layer runs even more
+                out = replay(ds, t, h)
+                if out.errors == 0:
+                    best, best_out = t, out
+                    break  # a higher min_layer only runs more layers
+    if ds.steps:
+        for tau in TAUS:
+            for margin in MARGINS:
+                t = Thresholds(theta=best.theta, eps=best.eps, min_layer=best.min_layer, tau_conf=tau, margin=margin)
+                out = replay(ds, t, h)
+                if out.errors == 0 and _cost(out) < _cost(best_out):
+                    best, best_out = t, out
+    return best, best_out
+
+
+def _cost(o: Outcome) -> int:
+    return o.layers_run  # skipped calls run no layers
+
+
+# -- command -----------------------------------------------------------------------------------------
+def _range(text: str) -> tuple[int, int]:
+    a, _, b = text.partition(":")
+    if not a.isdigit() or not b.isdigit() or int(b) <= int(a):
+        raise argparse.ArgumentTypeError(f"range {text!r}; use START:END with START < END, e.g. 800:810")
+    return int(a), int(b)
+
+
+DEFAULT_RANGES = {"game24": (800, 810), "arc": (1000, 1172), "mmlu": (2800, 3018)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="treesearch calibrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", default="game24", choices=sorted(DEFAULT_RANGES), help="workload (default game24)")
+    p.add_argument("--range", type=_range, default=None, metavar="A:B",
+                   help="calibration rows (default: game24 800:810, arc 1000:1172; never the benchmark slice)")
+    p.add_argument("--eval-range", type=_range, default=None, metavar="A:B", help="held-out rows to measure on")
+    p.add_argument("--model", default=None, help="model folder or id (default: embedded SmolLM2-135M-Instruct; 'tiny')")
+    p.add_argument("--proposer", default="model", choices=["model", "legal"],
+                   help="game24: 'model' runs real ToT searches (slow on CPU); 'legal' proposes every legal move "
+                        "and verifies with the model (many real verification calls, no Level 1 data)")
+    p.add_argument("--breadth", type=int, default=5, help="BFS breadth of the calibration searches (default 5)")
+    p.add_argument("--out", default=None, metavar="PATH", help="calibration file (default: the shipped one for the model)")
+    p.add_argument("--save-calls", default=None, metavar="PATH", help="also write the collected calls as JSON")
+    p.add_argument("--calls", default=None, metavar="PATH", help="fit on calls saved earlier instead of collecting")
+    p.add_argument("--eval-calls", default=None, metavar="PATH", help="held-out calls saved earlier")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--dry-run", action="store_true", help="print the result, write no calibration file")
+    return p
+
+
+def _collect(args, lm, rng: tuple[int, int], skip_prompts=(), checkpoint=None) -> Dataset:
+    if args.task == "game24" and args.proposer == "legal":
+        return collect_game24_oracle(lm, *rng, breadth=args.breadth, log=_log, skip_prompts=skip_prompts,
+                                     checkpoint=checkpoint)
+    if args.task == "game24":
+        return collect_game24(lm, *rng, breadth=args.breadth, log=_log)
+    return collect_choice(lm, args.task, *rng, log=_log)
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _load_or_collect(args, path, rng, state, skip_prompts=(), checkpoint=None) -> Dataset:
+    if path:
+        return Dataset.from_json(json.loads(Path(path).read_text()))
+    if "lm" not in state:
+        from .runtime import load_model
+
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        state["lm"] = load_model(args.model)
+    return _collect(args, state["lm"], rng, skip_prompts, checkpoint)
+
+
+def save(ds: Dataset, t: Thresholds, out: Outcome, held: Outcome | None, path: Path, eval_range: str | None) -> None:
+    """Merge one task's fitted thresholds into a model's calibration file."""
+    data = json.loads(path.read_text()) if path.exists() else {"model": ds.model, "tasks": {}}
+    entry = dict(t.to_dict(), num_layers=int(ds.traj.shape[1]), calibration=dict(out.report(), **ds.meta))
+    if held is not None:
+        entry["heldout"] = dict(held.report(), range=eval_range)
+    data["tasks"][ds.task] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rng = args.range or DEFAULT_RANGES[args.task]
+    if args.task == "game24" and rng[0] < 1000 and rng[1] > 900:
+        raise SystemExit(f"--range {rng[0]}:{rng[1]} overlaps the Game of 24 benchmark rows 900:1000; pick others")
+    state: dict = {}
+    ds = _load_or_collect(args, args.calls, rng, state)
+    if args.save_calls:
+        Path(args.save_calls).write_text(json.dumps(ds.to_json()))
+    t, out = fit(ds)
+    result = {"task": ds.task, "model": ds.model, "thresholds": t.to_dict(), "calibration": out.report()}
+    held = None
+    if args.eval_range or args.eval_calls:
+        dump = None
+        if args.save_calls and not args.eval_calls:
+            def dump(d):
+                Path(args.save_calls + ".heldout.json").write_text(json.dumps(d.to_json()))
+        hds = _load_or_collect(args, args.eval_calls, args.eval_range, state,
+                               skip_prompts=ds.meta.get("prompts", ()), checkpoint=dump)
+        if dump is not None:
+            dump(hds)
+        held = replay(hds, t)
+        result["heldout"] = held.report()
+    print(json.dumps(result, indent=1))
+    if not args.dry_run:
+        path = Path(args.out) if args.out else calibration_path(ds.model)
+        ev = f"{args.eval_range[0]}:{args.eval_range[1]}" if args.eval_range else args.eval_calls
+        save(ds, t, out, held, path, ev)
+        _log(f"wrote {path}")
+    return 0

@@ -1,0 +1,169 @@
+"""CGEE: confidence-gated early exit for verification (the two rules, as small pure pieces).
+
+Level 1 — skip. A set of sibling branches (the children of one parent from one expansion) carries
+each branch's generation confidence p_i = exp(mean log p(token)) (geometric-mean token probability).
+With p_(1) >= p_(2) >= ... the set is *decisive* when
+
+    p_(1) >= tau_conf   and   p_(1) - p_(2) >= margin        (p_(2) = 0 for a set of one)
+
+and then its verification pass is skipped. A tie (p_(1) == p_(2), e.g. several children parsed out
+of ONE generation, which all carry that generation's confidence) is never decisive, whatever the
+margin. A skipped branch is valued on the verifier's own scale, so that strategies comparing
+branches across parents compare like with like:
+
+    v_i = w_min + p_i (w_max - w_min),   w = the problem's label weights,
+
+i.e. the value the verifier gives when it puts mass p_i on the best label and the rest on the worst.
+Whether that is honest for a model and task is not assumed: `treesearch calibrate` raises tau_conf
+until the selected branches equal the full verifier's on held-out searches (tau_conf > 1 = off).
+
+Level 2 — layer exit. When verification runs, the label distribution q_l (softmax over the labels'
+first-token logits, read through the final norm and LM head after layer l: a logit lens) has the
+entropy H_l = -sum_k q_l,k ln q_l,k (nats; at most ln n_labels). The pass of a row stops at
+
+    l* = min { l >= max(min_layer, 2) : H_l < theta  and  |H_l - H_{l-1}| < eps }
+
+and the layers above l* are not computed for that row; without such an l the row runs all L
+layers. The row's value is then read from q_{l*}. A cut-short row stores no K/V (invariant 5).
+
+Counting (SearchResult.stats): verify_calls = LM valuations asked for (skipped ones included),
+verify_skipped = those skipped by Level 1, verify_layers_run = layers run by the verification
+passes that ran, verify_layers_full = num_layers x the passes that ran (so run/full is the mean
+fraction of verifier layers), cgee_disagreements (measurement mode) = decisions that differ from
+the full pass: a verified call whose label argmax differs, or a skipped set whose chosen branch is
+not the full verifier's best.
+
+Calibrated values live in `treesearch/calibration/<model>.json` ({"model", "tasks": {task: {theta,
+eps, min_layer, tau_conf, margin, ...}}}) and are used when `RKSCConfig.min_layer` is None.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The CGEE thresholds in force for one search (see the module docstring for the maths)."""
+
+    theta: float = 0.1  # label entropy (nats) below which a layer may stop the pass
+    eps: float = 0.01  # largest |H_l - H_{l-1}| that counts as settled
+    min_layer: int = 2  # no exit before this layer (1-based; at least 2)
+    tau_conf: float = 0.95  # Level 1: confidence of the best branch needed to skip (> 1 = never)
+    margin: float = 0.1  # Level 1: lead of the best branch over the runner-up needed to skip
+
+    def __post_init__(self) -> None:
+        if self.min_layer < 1:
+            raise ConfigError(f"min_layer={self.min_layer}; use a layer number >= 1 (layers count from 1; exits start at layer 2)")
+        if self.theta < 0 or self.eps < 0 or self.margin < 0:
+            raise ConfigError("theta, eps and margin must be >= 0; e.g. theta=0.1, eps=0.01, margin=0.1")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# -- Level 1 ---------------------------------------------------------------------------------------
+def decisive_branch(confidences: Sequence[float], tau_conf: float, margin: float) -> int | None:
+    """Index of the decisive branch of a sibling set, or None (verify the set).
+
+    Decisive: the best confidence is >= tau_conf and leads the runner-up by >= margin; a tie for
+    the best is never decisive (margin 0 included)."""
+    if not confidences:
+        return None
+    order = sorted(range(len(confidences)), key=lambda i: (-confidences[i], i))
+    best = confidences[order[0]]
+    second = confidences[order[1]] if len(order) > 1 else 0.0
+    if best < tau_conf or best == second or best - second < margin:
+        return None
+    return order[0]
+
+
+def confidence_value(confidence: float, labels: Mapping[str, float]) -> float:
+    """A skipped branch's value on the verifier's scale: w_min + p (w_max - w_min)."""
+    lo, hi = min(labels.values()), max(labels.values())
+    return lo + min(max(confidence, 0.0), 1.0) * (hi - lo)
+
+
+# -- Level 2 ---------------------------------------------------------------------------------------
+def label_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of each row of a [B, n_labels] probability tensor -> [B]."""
+    p = probs.double().clamp_min(1e-12)
+    return -(p * p.log()).sum(dim=-1)
+
+
+def exit_layer(entropies: Sequence[float], theta: float, eps: float, min_layer: int) -> int | None:
+    """First layer l (1-based; entropies[l-1] = H_l) with l >= max(min_layer, 2), H_l < theta and
+    |H_l - H_{l-1}| < eps; None when no layer qualifies (the pass runs in full)."""
+    for layer in range(max(min_layer, 2), len(entropies) + 1):
+        h, prev = entropies[layer - 1], entropies[layer - 2]
+        if h < theta and abs(h - prev) < eps:
+            return layer
+    return None
+
+
+class LayerExit:
+    """The engine's per-row exit rule for one scoring call: `rule(layer, probs[B_alive, n]) -> bool[B_alive]`.
+
+    The engine calls it after every layer but the last with the label probabilities of the rows
+    still running, and drops the rows it marks True; the rule drops its own memory of those rows
+    the same way, so row j of the next call is row j of the survivors. Layer 1 starts a new pass
+    (each engine batch starts at layer 1). `trace`, when a list, receives (layer, entropies) per call.
+    """
+
+    def __init__(self, thresholds: Thresholds, trace: list | None = None) -> None:
+        self.t = thresholds
+        self.trace = trace
+        self._prev: torch.Tensor | None = None
+
+    def __call__(self, layer: int, probs: torch.Tensor) -> torch.Tensor:
+        h = label_entropy(probs)
+        if layer == 1 or self._prev is None or self._prev.shape != h.shape:
+            prev = torch.full_like(h, math.inf)
+        else:
+            prev = self._prev
+        stop = (h < self.t.theta) & ((h - prev).abs() < self.t.eps)
+        if layer < max(self.t.min_layer, 2):
+            stop = torch.zeros_like(stop)
+        self._prev = h[~stop]
+        return stop
+
+
+# -- calibrated values -------------------------------------------------------------------------------
+def calibration_path(model_name: str, folder: Path | None = None) -> Path:
+    """Where the calibration of a model is kept (the shipped folder unless one is given)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
+    if folder is not None:
+        return Path(folder) / f"{safe}.json"
+    return Path(str(resources.files("treesearch").joinpath("calibration"))) / f"{safe}.json"
+
+
+def load_thresholds(model_name: str, task: str, *, path: Path | None = None) -> Thresholds | None:
+    """The calibrated thresholds of a model for a task (else its "default" entry), or None."""
+    p = Path(path) if path is not None else calibration_path(model_name)
+    if not p.exists():
+        return None
+    data = json.loads(p.read_text())
+    entry = data.get("tasks", {}).get(task) or data.get("tasks", {}).get("default")
+    if entry is None:
+        return None
+    return Thresholds(**{k: entry[k] for k in ("theta", "eps", "min_layer", "tau_conf", "margin")})
+
+
+def thresholds_for(config, model_name: str, task: str) -> Thresholds:
+    """Thresholds for a search: the config's when it sets min_layer, else the calibrated ones,
+    else the config's with min_layer = 2."""
+    if config.min_layer is None:
+        cal = load_thresholds(model_name, task)
+        if cal is not None:
+            return cal
+    return Thresholds(theta=config.theta, eps=config.eps, min_layer=config.min_layer or 2,
+                      tau_conf=config.tau_conf, margin=config.margin)
