@@ -119,6 +119,8 @@ class _Parser:
 
 def parse_number(text: str) -> Fraction:
     """A plain number ("12", "-3", "2.5", "7/3") as a Fraction; ParseError otherwise."""
+    if len(text) > MAX_LEN:  # bounded work, and no int() of thousands of digits (a ValueError)
+        raise ParseError(f"number text longer than {MAX_LEN} characters")
     m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)(?:\s*/\s*(\d+))?\s*", text)
     if m is None:
         raise ParseError(f"not a number: {text[:40]!r}")

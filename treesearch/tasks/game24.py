@@ -106,7 +106,7 @@ def load_puzzles(start: int = 900, end: int = 1000) -> list[str]:
 
 def parse_puzzle(text: str) -> tuple[int, ...]:
     parts = text.replace(",", " ").split()
-    if len(parts) != 4 or not all(p.isdigit() for p in parts):
+    if len(parts) != 4 or not all(p.isascii() and p.isdigit() and len(p) <= 6 for p in parts):
         raise ParseError(f"a Game of 24 puzzle is four whole numbers such as \"4 5 6 10\", got {text!r}")
     return tuple(int(p) for p in parts)
 
