@@ -159,14 +159,15 @@ def _rgb(h: str) -> tuple[int, int, int]:
 
 # -- KV --------------------------------------------------------------------------------------------
 def kv_chain(d: dict) -> list[tuple[int, int]] | None:
-    """A node's context in the KV store as [(segment id, used tokens)], from `kv_chain` or a live `kv` handle."""
+    """A node's context in the KV store as [(segment id, used tokens)], from a live `kv` handle, else
+    from a `kv_chain` attribute (written by the exports)."""
+    handle = d.get("kv")
+    if handle is not None:
+        seg, used = handle
+        return [(s.id, u) for s, u in seg.context_chain(used)]
     if d.get("kv_chain") is not None:
         return [(int(s), int(u)) for s, u in d["kv_chain"]]
-    handle = d.get("kv")
-    if handle is None:
-        return None
-    seg, used = handle
-    return [(s.id, u) for s, u in seg.context_chain(used)]
+    return None
 
 
 def kv_evicted(d: dict) -> bool:

@@ -29,12 +29,13 @@ def plot_tree(tree: Any, ax: Any = None, *, max_nodes: int | None = DEFAULT_MAX_
     scale = score_scale(tree.graph)
     cmap = LinearSegmentedColormap.from_list("treesearch_viridis", list(VIRIDIS))
     pos = {n: (lay.x[n], -lay.y[n]) for n in lay.x}
+    asks_edges = {(u, v) for u, v, _ in st.asks}
     for n in lay.x:  # edges
         p = st.parent.get(n)
         if p is None or p not in pos:
             continue
         on = marks[n].on_path and marks[p].on_path
-        asks = any(u == p and v == n for u, v, _ in st.asks)
+        asks = (p, n) in asks_edges
         colour, lw, ls = (GOLD, 2.6, "-") if on else ((PURPLE, 1.2, "--") if asks else ("#9a9a9a", 0.9, "-"))
         (x1, y1), (x2, y2) = pos[p], pos[n]
         ax.plot([x1, x1, x2, x2], [y1 - 0.18, (y1 + y2) / 2, (y1 + y2) / 2, y2 + 0.18], color=colour, lw=lw, ls=ls,

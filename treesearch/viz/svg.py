@@ -52,12 +52,13 @@ def render_svg(tree: Any, max_nodes: int | None = DEFAULT_MAX_NODES) -> str:
            f'<path d="M0,4 L4,0" stroke="{EVICTED}" stroke-width="1"/></pattern></defs>']
     pos = {n: _px(lay, n) for n in lay.x}
     out.append('<g class="edges" fill="none">')
+    asks_edges = {(u, v) for u, v, _ in st.asks}
     for n in sorted(lay.x):
         p = st.parent.get(n)
         if p is None or p not in pos:
             continue
         on = marks[n].on_path and marks[p].on_path
-        asks = any(u == p and v == n for u, v, _ in st.asks)
+        asks = (p, n) in asks_edges
         colour, w, dash = (GOLD, 3, "") if on else ((PURPLE, 1.5, ' stroke-dasharray="5 3"') if asks else ("#9a9a9a", 1.2, ""))
         out.append(f'<path d="{_edge(pos[p], pos[n])}" stroke="{colour}" stroke-width="{w}"{dash}/>')
     for n, hidden in lay.folds.items():

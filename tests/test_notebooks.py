@@ -1,0 +1,77 @@
+"""The three notebooks run top to bottom with a real kernel (nbclient, the `python3` kernel of this
+Python) and the default model, each in a scratch folder, each cell within a time limit. The outputs
+they are checked for: the tree views (SVG with one node element per tree node), the plots, and the
+cells that compare runs printing True."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+CELL_TIMEOUT = 600  # seconds per cell: a bound, not a speed test
+
+
+def run(name: str):
+    book = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    with tempfile.TemporaryDirectory() as scratch:
+        nbclient.NotebookClient(book, timeout=CELL_TIMEOUT, kernel_name="python3",
+                                resources={"metadata": {"path": scratch}}).execute()
+        written = sorted(p.name for p in Path(scratch).iterdir())
+    return book, written
+
+
+def outputs(book, mime: str) -> list[str]:
+    return [o["data"][mime] for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])
+            if mime in o.get("data", {})]
+
+
+def stream(book) -> str:
+    return "".join(o.get("text", "") for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])
+                   if o.get("output_type") == "stream")
+
+
+def tree_views(book) -> list[tuple[int, int]]:
+    """(tree size, node elements drawn) of every inline tree view."""
+    views = []
+    for html in outputs(book, "text/html"):
+        m = re.search(r'class="treesearch-tree"[^>]*data-nodes="(\d+)"', html)
+        if m:
+            views.append((int(m.group(1)), html.count('<g class="node ')))
+    return views
+
+
+@pytest.mark.real_model
+def test_quickstart():
+    book, written = run("01_quickstart")
+    views = tree_views(book)
+    assert len(views) == 1 and views[0][0] == views[0][1] >= 1
+    assert len(outputs(book, "image/png")) == 1
+    assert "same text view: True" in stream(book)
+    assert written == ["quickstart_tree.html", "quickstart_tree.json"]
+
+
+@pytest.mark.real_model
+def test_your_own_problem():
+    book, _ = run("02_your_own_problem")
+    views = tree_views(book)
+    assert len(views) == 1 and views[0][0] == views[0][1] > 1
+    assert any("contexts hold" in h for h in outputs(book, "text/html"))  # the KV sharing map
+    assert stream(book).count("answer:") == 2
+
+
+@pytest.mark.real_model
+def test_inside_rksc():
+    book, _ = run("03_inside_rksc")
+    views = tree_views(book)
+    assert len(views) == 3 and all(size == drawn > 1 for size, drawn in views)
+    text = stream(book)
+    assert "same tree with and without sharing: True" in text
+    assert "same tree as unbounded: True" in text
+    assert len(outputs(book, "image/png")) == 1
