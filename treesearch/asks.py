@@ -91,13 +91,23 @@ def layer_weights(num_layers: int, alpha: float) -> torch.Tensor:
     return torch.exp(alpha * ls / num_layers)
 
 
+def layer_cosines(h_branch: torch.Tensor, h_ref: torch.Tensor) -> list[float]:
+    """cos(h_l(branch), h_l(ref)) for each layer; h_* are [L, hidden] (pooled)."""
+    assert h_branch.shape == h_ref.shape, f"hidden shapes differ: {tuple(h_branch.shape)} vs {tuple(h_ref.shape)}"
+    return torch.nn.functional.cosine_similarity(h_branch.double(), h_ref.double(), dim=-1).tolist()
+
+
+def sigma_from_cosines(cos: Sequence[float], alpha: float) -> float:
+    """sum_l w_l cos_l / sum_l w_l (so a calibration can try many alphas on logged cosines)."""
+    c = torch.tensor(cos, dtype=torch.float64)
+    w = layer_weights(len(cos), alpha)
+    value = float((w * c).sum() / w.sum())
+    return 1.0 if math.isclose(value, 1.0, abs_tol=1e-12) else value
+
+
 def sigma(h_branch: torch.Tensor, h_ref: torch.Tensor, alpha: float) -> float:
     """Weighted mean over layers of cos(h_l(branch), h_l(ref)); h_* are [L, hidden] (pooled)."""
-    assert h_branch.shape == h_ref.shape, f"hidden shapes differ: {tuple(h_branch.shape)} vs {tuple(h_ref.shape)}"
-    cos = torch.nn.functional.cosine_similarity(h_branch.double(), h_ref.double(), dim=-1)  # [L]
-    w = layer_weights(h_branch.shape[0], alpha).to(cos.device)
-    value = float((w * cos).sum() / w.sum())
-    return 1.0 if math.isclose(value, 1.0, abs_tol=1e-12) else value
+    return sigma_from_cosines(layer_cosines(h_branch, h_ref), alpha)
 
 
 def pooled(hidden: Sequence[torch.Tensor], row: int, lo: int, hi: int) -> torch.Tensor:

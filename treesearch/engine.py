@@ -10,6 +10,14 @@ One call works in three phases:
 3. decode (generate only): one token per row per step until EOS, a stop string or max tokens.
 The K/V of each row's new prompt tokens and of its fed-back generated tokens is kept in the
 store (exact mode), so a child's context never recomputes its parent's.
+
+Memory (see `treesearch.kvstore` and `treesearch.rsbcm`): with `cache_budget` set, a call first
+checks that one batch fits (else `CacheBudgetError` naming the minimum), pins every chain it
+attends over until it returns, and the store evicts by RSBCM priority when an insert needs room;
+evicted segments met later are recomputed from their nearest resident ancestor
+(`stats.recomputed_tokens`). `stats.peak_kv_bytes` counts the store's blocks plus the running
+batch's own buffer (the transient K/V of its new tokens), the most K/V held at once.
+With `kv_sharing="asks"`, `_asks_attach` runs before the prefill (see `treesearch.asks`).
 """
 
 from __future__ import annotations
@@ -276,10 +284,12 @@ class Engine:
             lo, hi = p.span(len(r.ids))
             hb = asks.pooled(hidden, at[p.row], max(lo, r.matched) - r.matched, hi - r.matched)
             hr = asks.pooled(hidden, at[p.ref], max(lo, f.matched) - f.matched, hi - f.matched)
-            r.asks_sigma = asks.sigma(hb, hr, cfg.asks_alpha)
+            cos = asks.layer_cosines(hb, hr)
+            r.asks_sigma = asks.sigma_from_cosines(cos, cfg.asks_alpha)
             n = len(r.ids)
             attach = r.asks_sigma >= cfg.asks_tau
-            self.asks_log.append({"sigma": r.asks_sigma, "attached": attach, "tokens": n - 1 - hi})
+            self.asks_log.append({"sigma": r.asks_sigma, "attached": attach, "tokens": n - 1 - hi, "cos": cos,
+                                  "row": p.row, "ref": p.ref})
             if not attach:
                 continue
             end = self._insert(r.ids[:n - 1], hi, batch.row_kv(at[p.ref], hi - f.matched, n - 1 - f.matched))
