@@ -10,7 +10,9 @@ and measure their decision error on held-out calls.
    (Level 1), keeping only settings under which every decision equals the full pass's on the
    calibration set: each call's label argmax, each skipped set's chosen branch, and each BFS
    step's selected set of `breadth` branches. Of those, the one running the fewest verifier
-   layers wins. With no safe exit the fit returns min_layer = L (never exit) and tau_conf > 1.
+   layers wins, unless it saves under 1% of the layers (exits on a few flukes are not worth the
+   risk on unseen calls). With no safe exit the fit returns min_layer = L (never exit) and
+   tau_conf > 1 (never skip).
 3. Report the skip rate, the mean fraction of verifier layers run, and the observed decision
    error k/n with its 95% Clopper-Pearson upper bound, on the calibration set and (with
    --eval-range) on held-out calls.
@@ -40,6 +42,7 @@ EPSS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)
 TAUS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99)
 MARGINS = (0.05, 0.1, 0.2)
 NEVER = 1.01  # tau_conf above any probability: Level 1 off
+MIN_SAVING = 0.01  # a Level 2 setting must save at least this fraction of verifier layers to be kept
 
 
 # -- statistics ------------------------------------------------------------------------------------
@@ -368,6 +371,9 @@ def fit(ds: Dataset) -> tuple[Thresholds, Outcome]:
                 if out.errors == 0:
                     best, best_out = t, out
                     break  # a higher min_layer only runs more layers
+    if best_out.layers_run > (1 - MIN_SAVING) * best_out.layers_full:  # exits on a few flukes: not worth the risk
+        best = Thresholds(theta=0.0, eps=0.0, min_layer=num_layers, tau_conf=NEVER, margin=MARGINS[-1])
+        best_out = replay(ds, best, h)
     if ds.steps:
         for tau in TAUS:
             for margin in MARGINS:

@@ -40,6 +40,7 @@ eps, min_layer, tau_conf, margin, ...}}}) and are used when `RKSCConfig.min_laye
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -49,6 +50,8 @@ from pathlib import Path
 import torch
 
 from .errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -165,5 +168,9 @@ def thresholds_for(config, model_name: str, task: str) -> Thresholds:
         cal = load_thresholds(model_name, task)
         if cal is not None:
             return cal
+        if config.cgee or config.cgee_measure:
+            log.warning("no CGEE calibration for model %s, task %s: using the config's thresholds with min_layer=2 "
+                        "(early layers can look settled on the wrong label); run `treesearch calibrate`",
+                        model_name, task)
     return Thresholds(theta=config.theta, eps=config.eps, min_layer=config.min_layer or 2,
                       tau_conf=config.tau_conf, margin=config.margin)
