@@ -99,3 +99,17 @@ def test_identical_prompts_take_the_exact_path(tiny_lm):
     assert ak.asks_log == [] and ak.stats.asks_attached == 0
     for x, y in zip(a, b):
         assert all(abs(x.probs[k] - y.probs[k]) <= 1e-4 for k in LABELS)
+
+
+def test_search_records_attachments_on_the_tree(tiny_lm):
+    from strategies import BFS
+    from test_rsbcm import Plan
+    from treesearch.searcher import Searcher
+
+    s = Searcher(tiny_lm, Plan(), BFS(breadth=3), RKSCConfig(kv_sharing="asks", asks_tau=-1.0), progress=False, seed=3)
+    r = s.solve(" start")
+    marked = {n: r.tree.node(n)["asks_value"]["ref"] for n in r.tree.graph if r.tree.node(n).get("asks_value")}
+    # value prompts of equal length with a common suffix attach to an earlier node of the same step
+    assert marked == {6: 5, 9: 8}
+    assert r.stats["asks_attached"] == 2 and r.stats["asks_extra_reused"] == 8
+    assert all(r.tree.node(n)["depth"] == r.tree.node(ref)["depth"] for n, ref in marked.items())
