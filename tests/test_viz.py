@@ -220,6 +220,7 @@ def test_kv_map_of_the_hand_built_tree():
     assert (m.contexts, m.context_tokens, m.distinct_tokens) == (4, 72, 32)
     assert str(m).splitlines()[-1] == "4 contexts hold 72 tokens; the shared store holds 32 distinct tokens (2.25x)"
     assert "<table" in m._repr_html_()
+    assert repr(m) == "KVMap(5 segments, 4 contexts, 72 context tokens over 32 distinct)"
 
 
 # -- files -------------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ class SegmentRow:
         return self.contexts > 1
 
 
-@dataclass
+@dataclass(repr=False)
 class KVMap:
     """Segments (in id order) and the sharing totals."""
 
@@ -41,6 +41,10 @@ class KVMap:
     def sharing_factor(self) -> float:
         """context_tokens / distinct_tokens: how many times each stored token serves a context."""
         return self.context_tokens / self.distinct_tokens if self.distinct_tokens else 0.0
+
+    def __repr__(self) -> str:
+        return (f"KVMap({len(self.rows)} segments, {self.contexts} contexts, {self.context_tokens} context tokens "
+                f"over {self.distinct_tokens} distinct)")
 
     def __str__(self) -> str:
         lines = [f"{'segment':>7} {'tokens':>6} {'contexts':>8}  used by"]
