@@ -51,12 +51,14 @@ def test_every_node_drawn_once_with_its_status():
 
 def test_solution_path_and_marks():
     t = marked_tree()
+    t.node(5)["solved"] = True  # solved but pruned: not a solution, no gold
     root = parse(t.to_svg())
     gold_edges = [p for p in root.find(SVG + "g").iter(SVG + "path") if p.get("stroke") == GOLD]
     assert len(gold_edges) == 2  # 0 -> 1 -> 4
     by_id = {int(g.get("data-id")): g for g in groups(root, "node")}
     assert by_id[4].find(SVG + "rect").get("stroke-width") == "3"
     assert by_id[1].find(SVG + "rect").get("stroke-width") == "2"  # on the path
+    assert by_id[5].find(SVG + "rect").get("stroke-width") == "1"
     badges = {n: [x.text for x in g.iter(SVG + "text") if x.get("class") == "cgee"] for n, g in by_id.items()}
     assert badges == {0: [], 1: [], 2: ["skip"], 3: [], 4: ["L12"], 5: [], 6: []}
     assert [n for n, g in by_id.items() if any(x.get("class") == "asks-mark" for x in g.iter(SVG + "text"))] == [3]

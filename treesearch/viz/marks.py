@@ -110,8 +110,9 @@ def structure(graph: Any) -> Structure:
 
 
 def solution_nodes(graph: Any, meta: dict | None = None) -> list[int]:
-    """Nodes marked solution (or solved), plus meta["best"] when the searcher recorded it."""
-    out = [n for n, d in graph.nodes(data=True) if d.get("status") == "solution" or d.get("solved")]
+    """Nodes the search marked as solutions, plus meta["best"] when recorded. A node that is solved
+    but was pruned (e.g. BFS kept other solved siblings) is not one: its hover text says "solved"."""
+    out = [n for n, d in graph.nodes(data=True) if d.get("status") == "solution"]
     best = (meta or {}).get("best")
     if isinstance(best, int) and best in graph and best not in out:
         out.append(best)

@@ -51,7 +51,7 @@ def plot_tree(tree: Any, ax: Any = None, *, max_nodes: int | None = DEFAULT_MAX_
             edge, ls, alpha = GREY, "--", 0.45
         elif m.status == "frontier":
             edge, ls = BLUE, "--"
-        if m.status == "solution" or m.solved:
+        if m.status == "solution":
             edge, lw = GOLD, 2.6
         elif m.on_path:
             edge, lw = GOLD, 1.8

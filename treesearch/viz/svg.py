@@ -112,7 +112,7 @@ def _node_svg(m: NodeMarks, xy: tuple[float, float], uid: str) -> str:
         stroke, dash, opacity = GREY, ' stroke-dasharray="3 2"', 0.45
     elif m.status == "frontier":
         stroke, dash = BLUE, ' stroke-dasharray="3 2"'
-    if m.status == "solution" or m.solved:
+    if m.status == "solution":
         stroke, sw = GOLD, 3
     elif m.on_path:
         stroke, sw = GOLD, 2
@@ -122,7 +122,7 @@ def _node_svg(m: NodeMarks, xy: tuple[float, float], uid: str) -> str:
              f'<rect x="{left:.1f}" y="{top:.1f}" width="{BOX_W}" height="{BOX_H}" rx="5" fill="{m.fill}" '
              f'stroke="{stroke}" stroke-width="{sw}"{dash}/>',
              f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle" fill="{text}">{escape(short_score(m.score))}</text>']
-    if m.status == "solution" or m.solved:
+    if m.status == "solution":
         parts.append(f'<text x="{left - 2:.1f}" y="{top + 2:.1f}" font-size="14" fill="{GOLD}" '
                      f'text-anchor="middle">★</text>')
     if m.kv_tokens:
