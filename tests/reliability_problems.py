@@ -12,6 +12,7 @@ child's prompt its parent's prompt plus the child's word (chain style).
 from __future__ import annotations
 
 import hashlib
+import math
 
 from treesearch import Child, Problem, Sampling
 
@@ -102,3 +103,20 @@ def tree_data(result, problem) -> dict:
     data = result.tree.to_json(problem.state_to_json)
     data["graph"] = {k: v for k, v in data["graph"].items() if k != "previous_stats"}
     return data
+
+
+def assert_same_tree(a: dict, b: dict, exact: bool) -> None:
+    """Equal trees: structure, thoughts, states, statuses and flags exactly; floats exactly or within 1e-5."""
+    assert a["links"] == b["links"]
+    assert len(a["nodes"]) == len(b["nodes"])
+    for na, nb in zip(a["nodes"], b["nodes"]):
+        assert na.keys() == nb.keys(), na["id"]
+        for k in na:
+            va, vb = na[k], nb[k]
+            if exact or not isinstance(va, (float, dict)):
+                assert va == vb, (na["id"], k, va, vb)
+            elif isinstance(va, float):
+                assert math.isclose(va, vb, rel_tol=1e-5, abs_tol=1e-6), (na["id"], k, va, vb)
+            else:
+                assert va.keys() == vb.keys() and all(math.isclose(va[x], vb[x], abs_tol=1e-5) for x in va)
+    assert a["graph"] == b["graph"]

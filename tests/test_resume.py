@@ -5,14 +5,13 @@ uninterrupted run with the same seed builds — for every strategy the CLI offer
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 
 import pytest
 
 import strategies
-from reliability_problems import FailAt, Words, tree_data
+from reliability_problems import FailAt, Words, assert_same_tree, tree_data
 from treesearch import RKSCConfig, ResumeError, Searcher, SearchResult
 
 NAMES = sorted(getattr(strategies, "FROM_CLI", {"bfs": None}))
@@ -38,23 +37,6 @@ def reference(lm, name, kv):
     if (name, kv) not in _REF:
         _REF[name, kv] = searcher(lm, Words(), name, kv).solve("cats")
     return _REF[name, kv]
-
-
-def assert_same_tree(a: dict, b: dict, exact: bool) -> None:
-    """Equal trees: structure, thoughts, states, statuses and flags exactly; floats exactly or within 1e-5."""
-    assert a["links"] == b["links"]
-    assert len(a["nodes"]) == len(b["nodes"])
-    for na, nb in zip(a["nodes"], b["nodes"]):
-        assert na.keys() == nb.keys(), na["id"]
-        for k in na:
-            va, vb = na[k], nb[k]
-            if exact or not isinstance(va, (float, dict)):
-                assert va == vb, (na["id"], k, va, vb)
-            elif isinstance(va, float):
-                assert math.isclose(va, vb, rel_tol=1e-5, abs_tol=1e-6), (na["id"], k, va, vb)
-            else:
-                assert va.keys() == vb.keys() and all(math.isclose(va[x], vb[x], abs_tol=1e-5) for x in va)
-    assert a["graph"] == b["graph"]
 
 
 CASES = [(name, "expand_prompt", 2, KeyboardInterrupt()) for name in NAMES]
