@@ -68,19 +68,21 @@ def test_replay_counts_exact_decisions():
 
 def test_fit_picks_the_cheapest_safe_setting():
     ds = _hand_made()
-    t, out = fit(ds)
+    t, out = fit(ds, target_error=1.0)
     assert out.errors == 0
     assert replay(ds, t).errors == 0
     assert out.layers_run == 0 and t.tau_conf <= 0.9  # skipping the decisive set is safe and cheapest
     ds.steps = []  # without a search only Level 2 is fitted: call 0 may exit at 2, call 1 must not
-    t, out = fit(ds)
+    t, out = fit(ds, target_error=1.0)
     assert (out.layers_run, out.errors) == (2 + 3 + 3, 0)
+    t, out = fit(ds)  # 3 calls cannot certify a 0.37% error: never exit
+    assert (t.min_layer, out.layers_run) == (3, 9)
 
 
 def test_calibration_on_tiny_model_has_zero_disagreement(tiny_lm, tmp_path):
     out, calls = tmp_path / "tiny.json", tmp_path / "calls.json"
     rc = main(["--task", "game24", "--proposer", "legal", "--model", "tiny", "--range", "800:801",
-               "--out", str(out), "--save-calls", str(calls)])
+               "--out", str(out), "--save-calls", str(calls), "--target-error", "1"])
     assert rc == 0
     saved = json.loads(out.read_text())
     entry = saved["tasks"]["game24"]

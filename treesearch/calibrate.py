@@ -11,8 +11,9 @@ and measure their decision error on held-out calls.
    calibration set: each call's label argmax, each skipped set's chosen branch, and each BFS
    step's selected set of `breadth` branches. Of those, the one running the fewest verifier
    layers wins, unless it saves under 1% of the layers (exits on a few flukes are not worth the
-   risk on unseen calls). With no safe exit the fit returns min_layer = L (never exit) and
-   tau_conf > 1 (never skip).
+   risk on unseen calls). Zero errors on N calls only certify an error below 1 - 0.025^(1/N)
+   (3.7/N), so a set too small for --target-error (default 0.37%: N >= 996) certifies nothing.
+   With no safe exit the fit returns min_layer = L (never exit) and tau_conf > 1 (never skip).
 3. Report the skip rate, the mean fraction of verifier layers run, and the observed decision
    error k/n with its 95% Clopper-Pearson upper bound, on the calibration set and (with
    --eval-range) on held-out calls.
@@ -42,6 +43,7 @@ EPSS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)
 TAUS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99)
 MARGINS = (0.05, 0.1, 0.2)
 NEVER = 1.01  # tau_conf above any probability: Level 1 off
+TARGET_ERROR = 0.0037  # decision error to certify (the RKSC paper's 6 of 1,616 calls)
 MIN_SAVING = 0.01  # a Level 2 setting must save at least this fraction of verifier layers to be kept
 
 
@@ -354,12 +356,17 @@ def _top(values: dict, b: int) -> set:
     return set(sorted(values, key=lambda k: (-values[k], k))[:b])
 
 
-def fit(ds: Dataset) -> tuple[Thresholds, Outcome]:
-    """The setting with zero disagreements on ds that runs the fewest verifier layers."""
+def fit(ds: Dataset, target_error: float = TARGET_ERROR) -> tuple[Thresholds, Outcome]:
+    """The setting with zero disagreements on ds that runs the fewest verifier layers.
+
+    Zero errors in N calls bound the error rate at 1 - (alpha/2)^(1/N) (Clopper-Pearson, 95%); when
+    that exceeds target_error the set is too small to certify any exit and the fit is "never"."""
     h = entropies(ds.traj)
     num_layers = ds.traj.shape[1]
     best = Thresholds(theta=0.0, eps=0.0, min_layer=num_layers, tau_conf=NEVER, margin=MARGINS[-1])
     best_out = replay(ds, best, h)
+    if clopper_pearson_upper(0, len(ds.traj)) > target_error:
+        return best, best_out
     for theta in THETAS:
         for eps in EPSS:
             for m in range(2, num_layers):
@@ -414,6 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-calls", default=None, metavar="PATH", help="also write the collected calls as JSON")
     p.add_argument("--calls", default=None, metavar="PATH", help="fit on calls saved earlier instead of collecting")
     p.add_argument("--eval-calls", default=None, metavar="PATH", help="held-out calls saved earlier")
+    p.add_argument("--target-error", type=float, default=TARGET_ERROR,
+                   help="decision error the calibration set must certify at 95%% (default 0.0037, i.e. >= 996 calls)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--dry-run", action="store_true", help="print the result, write no calibration file")
     return p
@@ -446,15 +455,19 @@ def _load_or_collect(args, path, rng, state, skip_prompts=(), checkpoint=None) -
     return _collect(args, state["lm"], rng, skip_prompts, checkpoint)
 
 
-def save(ds: Dataset, t: Thresholds, out: Outcome, held: Outcome | None, path: Path, eval_range: str | None) -> None:
+def save(ds: Dataset, t: Thresholds, out: Outcome, held: Outcome | None, path: Path, hds: Dataset | None) -> None:
     """Merge one task's fitted thresholds into a model's calibration file."""
     data = json.loads(path.read_text()) if path.exists() else {"model": ds.model, "tasks": {}}
-    entry = dict(t.to_dict(), num_layers=int(ds.traj.shape[1]), calibration=dict(out.report(), **ds.meta))
-    if held is not None:
-        entry["heldout"] = dict(held.report(), range=eval_range)
+    entry = dict(t.to_dict(), num_layers=int(ds.traj.shape[1]), calibration=dict(out.report(), **_meta(ds)))
+    if held is not None and hds is not None:
+        entry["heldout"] = dict(held.report(), **_meta(hds))
     data["tasks"][ds.task] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def _meta(ds: Dataset) -> dict:
+    return {k: v for k, v in ds.meta.items() if k != "prompts"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -466,9 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     ds = _load_or_collect(args, args.calls, rng, state)
     if args.save_calls:
         Path(args.save_calls).write_text(json.dumps(ds.to_json()))
-    t, out = fit(ds)
-    result = {"task": ds.task, "model": ds.model, "thresholds": t.to_dict(), "calibration": out.report()}
-    held = None
+    t, out = fit(ds, args.target_error)
+    result = {"task": ds.task, "model": ds.model, "thresholds": t.to_dict(), "calibration": dict(out.report(), **_meta(ds))}
+    held = hds = None
     if args.eval_range or args.eval_calls:
         dump = None
         if args.save_calls and not args.eval_calls:
@@ -479,11 +492,10 @@ def main(argv: list[str] | None = None) -> int:
         if dump is not None:
             dump(hds)
         held = replay(hds, t)
-        result["heldout"] = held.report()
+        result["heldout"] = dict(held.report(), **_meta(hds))
     print(json.dumps(result, indent=1))
     if not args.dry_run:
         path = Path(args.out) if args.out else calibration_path(ds.model)
-        ev = f"{args.eval_range[0]}:{args.eval_range[1]}" if args.eval_range else args.eval_calls
-        save(ds, t, out, held, path, ev)
+        save(ds, t, out, held, path, hds)
         _log(f"wrote {path}")
     return 0
