@@ -46,10 +46,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +100,7 @@ def confidence_value(confidence: float, labels: Mapping[str, float]) -> float:
 
 # -- Level 2 ---------------------------------------------------------------------------------------
 def label_entropy(probs: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of each row of a [B, n_labels] probability tensor -> [B]."""
+    """Entropy in nats of each row of a [B, n_labels] probability tensor -> [B] (float64)."""
     p = probs.double().clamp_min(1e-12)
     return -(p * p.log()).sum(dim=-1)
 
@@ -128,6 +130,8 @@ class LayerExit:
         self._prev: torch.Tensor | None = None
 
     def __call__(self, layer: int, probs: torch.Tensor) -> torch.Tensor:
+        import torch
+
         h = label_entropy(probs)
         if layer == 1 or self._prev is None or self._prev.shape != h.shape:
             prev = torch.full_like(h, math.inf)
