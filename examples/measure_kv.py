@@ -2,6 +2,7 @@
 
     python examples/measure_kv.py game24 [--puzzles 2] [--start 900]   # reuse ratio; 25% budget: same tree?
     python examples/measure_kv.py batch  [--prefix 1000]               # B branches over one prefix: bytes, step time
+    python examples/measure_kv.py alloc  [--batch 1 8]                 # bytes allocated per decode step
     python examples/measure_kv.py asks   [--puzzles 2]                 # ASKS vs exact: extra reuse, agreement
 
 All use the default model (SmolLM2-135M-Instruct, fp32, CPU unless --device). Timings are for
@@ -133,6 +134,35 @@ def cmd_batch(args, lm) -> None:
                           "torch_threads": torch.get_num_threads()}), flush=True)
 
 
+def cmd_alloc(args, lm) -> None:
+    """Bytes the CPU allocator hands out per decode step (torch profiler), for each prefix length
+    and batch size: copying the prefix per row would add B x P x kv_bytes_per_token per step; the
+    in-place attention adds only its score matrices (B x P x heads floats per layer)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from treesearch.config import RKSCConfig, Sampling
+    from treesearch.engine import Engine
+
+    words = " alpha beta gamma delta river stone cloud green quiet table".split()
+    for plen in args.prefixes:
+        prefix = "".join(f" {words[i % len(words)]}" for i in range(plen))
+        for bsz in args.batch:
+            eng = Engine(lm, RKSCConfig(kv_sharing="exact"))
+            eng.score([prefix], [" yes", " no"])
+            prompts = [prefix + f" Branch {b}: the answer is" for b in range(bsz)]
+            eng.generate(prompts, Sampling(max_new_tokens=2))  # prompts cached: the calls below decode
+            alloc = {}
+            for steps in (1, 1 + args.steps):
+                with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                    eng.generate(prompts, Sampling(max_new_tokens=steps))
+                alloc[steps] = sum(ev.cpu_memory_usage for ev in prof.events() if ev.cpu_memory_usage > 0)
+            per_step = (alloc[1 + args.steps] - alloc[1]) / args.steps
+            print(json.dumps({"prefix_tokens": len(eng.tokenize(prefix)), "B": bsz,
+                              "allocated_bytes_per_step": int(per_step),
+                              "prefix_copy_would_be": bsz * len(eng.tokenize(prefix)) * lm.kv_bytes_per_token}),
+                  flush=True)
+
+
 def cmd_asks(args, lm) -> None:
     from treesearch.tasks.game24 import load_puzzles
 
@@ -168,13 +198,15 @@ def cmd_asks(args, lm) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["game24", "batch", "asks"])
+    ap.add_argument("what", choices=["game24", "batch", "alloc", "asks"])
     ap.add_argument("--puzzles", type=int, default=2)
     ap.add_argument("--start", type=int, default=900)
     ap.add_argument("--fraction", type=float, default=0.25, help="budget as a fraction of the unbounded peak")
     ap.add_argument("--prefix", type=int, default=1000)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--prefixes", type=int, nargs="+", default=[100, 1000])
+    ap.add_argument("--tiny", action="store_true", help="the tiny random model instead of the default one")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--alpha", type=float, default=None)
     ap.add_argument("--tau", type=float, default=None)
@@ -186,8 +218,8 @@ def main(argv=None) -> None:
     d = RKSCConfig()
     args.alpha = d.asks_alpha if args.alpha is None else args.alpha
     args.tau = d.asks_tau if args.tau is None else args.tau
-    lm = load_model(device=args.device)
-    {"game24": cmd_game24, "batch": cmd_batch, "asks": cmd_asks}[args.what](args, lm)
+    lm = load_model("tiny" if args.tiny else None, device=args.device)
+    {"game24": cmd_game24, "batch": cmd_batch, "alloc": cmd_alloc, "asks": cmd_asks}[args.what](args, lm)
 
 
 if __name__ == "__main__":
