@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cgee import Thresholds, calibration_path, confidence_value
+from .cgee import Thresholds, calibration_path, confidence_value, decisive_branch
 
 THETAS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.1, 1.4)  # ln 3 = 1.10, ln 4 = 1.39
 EPSS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)
@@ -331,8 +331,6 @@ def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None) -> Outcome:
                 fv[c["node"]] = float(full[c["call"]] @ w)
         for members in sets.values():
             members = sorted(members, key=lambda c: c["node"])
-            from .cgee import decisive_branch
-
             i = decisive_branch([c["conf"] for c in members], t.tau_conf, t.margin)
             if i is None:
                 continue
@@ -417,7 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="game24: 'model' runs real ToT searches (slow on CPU); 'legal' proposes every legal move "
                         "and verifies with the model (many real verification calls, no Level 1 data)")
     p.add_argument("--breadth", type=int, default=5, help="BFS breadth of the calibration searches (default 5)")
-    p.add_argument("--out", default=None, metavar="PATH", help="calibration file (default: the shipped one for the model)")
+    p.add_argument("--out", default=None, metavar="PATH",
+                   help="calibration file (default: the shipped one for the model)")
     p.add_argument("--save-calls", default=None, metavar="PATH", help="also write the collected calls as JSON")
     p.add_argument("--calls", default=None, metavar="PATH", help="fit on calls saved earlier instead of collecting")
     p.add_argument("--eval-calls", default=None, metavar="PATH", help="held-out calls saved earlier")
@@ -480,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_calls:
         Path(args.save_calls).write_text(json.dumps(ds.to_json()))
     t, out = fit(ds, args.target_error)
-    result = {"task": ds.task, "model": ds.model, "thresholds": t.to_dict(), "calibration": dict(out.report(), **_meta(ds))}
+    result = {"task": ds.task, "model": ds.model, "thresholds": t.to_dict(),
+              "calibration": dict(out.report(), **_meta(ds))}
     held = hds = None
     if args.eval_range or args.eval_calls:
         dump = None

@@ -68,7 +68,8 @@ class Thresholds:
 
     def __post_init__(self) -> None:
         if self.min_layer < 1:
-            raise ConfigError(f"min_layer={self.min_layer}; use a layer number >= 1 (layers count from 1; exits start at layer 2)")
+            raise ConfigError(f"min_layer={self.min_layer}; use a layer number >= 1 "
+                              "(layers count from 1; exits start at layer 2)")
         if self.theta < 0 or self.eps < 0 or self.margin < 0:
             raise ConfigError("theta, eps and margin must be >= 0; e.g. theta=0.1, eps=0.01, margin=0.1")
 

@@ -74,7 +74,8 @@ class Verifier:
         for q, s in zip(run, scores):
             for n in pending[q]:
                 if n not in skipped:
-                    tree.node(n)["cgee"] = "full" if s.layers_run == self.engine.lm.num_layers else f"exit@{s.layers_run}"
+                    full = s.layers_run == self.engine.lm.num_layers
+                    tree.node(n)["cgee"] = "full" if full else f"exit@{s.layers_run}"
                     if getattr(s, "asks_ref", None) is not None:  # ASKS: value prompt attached to another's K/V
                         tree.node(n)["asks_value"] = {"ref": pending[run[s.asks_ref]][0], "sigma": s.asks_sigma}
                     out[n] = (self._weighted(s.probs), s.probs)
