@@ -14,6 +14,9 @@ from __future__ import annotations
 import hashlib
 import math
 
+import pytest
+import torch
+
 from treesearch import Child, Problem, Sampling
 
 
@@ -120,3 +123,14 @@ def assert_same_tree(a: dict, b: dict, exact: bool) -> None:
             else:
                 assert va.keys() == vb.keys() and all(math.isclose(va[x], vb[x], abs_tol=1e-5) for x in va)
     assert a["graph"] == b["graph"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Single-threaded torch for the test (restored after): on a shared 2-core machine torch's
+    spinning worker threads multiply wall time several-fold; results do not depend on it. Import
+    this name into a test module to use it there."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from reliability_problems import Words
+from reliability_problems import Words, one_thread  # one_thread: autouse fixture
 from strategies import BFS
 from treesearch import ContextTooLongError, Engine, RKSCConfig, Sampling, Searcher
 from treesearch.limits import floor_value

@@ -13,21 +13,12 @@ import re
 import time
 
 import pytest
-import torch
 
-from reliability_problems import Words
+from reliability_problems import Words, one_thread  # one_thread: autouse fixture
 from strategies import BFS
 from treesearch import CacheBudgetError, RKSCConfig, Searcher
 
 BUDGET = 4_000_000  # bytes; the same search unbounded peaks at 40.4 MB of K/V
-
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def proc_status() -> dict[str, int]:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reliability_problems import Words, assert_same_tree, tree_data
+from reliability_problems import Words, assert_same_tree, one_thread, tree_data  # one_thread: autouse fixture
 from strategies import MCTS, BFS
 from treesearch import SaveFileError, Searcher, SearchResult, ThoughtTree
 from treesearch.tasks.game24 import Game24, Game24State

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from reliability_problems import Words
+from reliability_problems import Words, one_thread  # one_thread: autouse fixture
 from strategies import BFS
 from treesearch import Child, Problem, ProblemDefinitionError, Searcher
 

@@ -11,7 +11,7 @@ import signal
 import pytest
 
 import strategies
-from reliability_problems import FailAt, Words, assert_same_tree, tree_data
+from reliability_problems import FailAt, Words, assert_same_tree, one_thread, tree_data  # one_thread: autouse fixture
 from treesearch import RKSCConfig, ResumeError, Searcher, SearchResult
 
 NAMES = sorted(getattr(strategies, "FROM_CLI", {"bfs": None}))
