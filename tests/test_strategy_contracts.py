@@ -16,8 +16,6 @@ from hypothesis import strategies as st
 
 from strategies import BFS, DFS, MCTS, Beam, is_expanded
 from strategies.testing import RecordingSearcher, TableProblem
-from treesearch.engine import Engine
-from treesearch.searcher import Searcher
 from treesearch.tree import STATUSES, ThoughtTree
 
 # (id, factory, most nodes per expand call, TableProblem.random options)
@@ -96,14 +94,6 @@ def check_complete(tree: ThoughtTree, prob: TableProblem) -> None:
             assert d["solved"] and d["terminal"], n
         assert d["visits"] >= sum(tree.node(c)["visits"] for c in kids), n
         assert (d["visits"] == 0) <= (d["value_sum"] == 0.0), n
-
-
-def resume(s: Searcher, tree: ThoughtTree):
-    """`Searcher.resume(tree)`; before that API exists, its equivalent (fresh engine, same tree)."""
-    if hasattr(Searcher, "resume"):
-        return s.resume(tree)
-    s.tree, s.engine = tree, Engine(s.model, s.config)
-    return s.result(s.strategy.run(s))
 
 
 def through_json(tree: ThoughtTree, prob: TableProblem) -> ThoughtTree:
@@ -190,7 +180,7 @@ def interrupted_then_resumed(tiny_lm, make, opts, fail_at: int, seed: int = 7, v
     check_complete(s.tree, prob)  # the interruption left nothing half-done
     prob.fail_at = None
     tree = through_json(s.tree, prob) if via_json else s.tree
-    return resume(s, tree)
+    return s.resume(tree)  # fresh engine (cold KV cache), same searcher settings
 
 
 @params
