@@ -147,7 +147,7 @@ def test_batches_honoured_and_no_operation_repeated(baseline, make, batch, opts)
             assert len(nodes) <= batch, nodes
             assert not expanded & set(nodes), f"re-expanded {expanded & set(nodes)}"
             expanded |= set(nodes)
-        else:  # every child batch of one expansion is valued in one call
+        else:  # nothing is valued twice
             assert not scored & set(nodes), f"re-evaluated {scored & set(nodes)}"
             scored |= set(nodes)
     assert expanded == {n for n in r.tree.graph if is_expanded(r.tree, n)}
