@@ -132,3 +132,36 @@ def test_partial_result_is_reachable_for_any_exception(tiny_lm, tmp_path):
     loaded = SearchResult.load(part.save(tmp_path / "p.json"), Words())
     assert loaded.status == "interrupted" and loaded.error == "ZeroDivisionError: boom"
     assert [loaded.tree.node(n)["thought"] for n in range(4)] == [part.tree.node(n)["thought"] for n in range(4)]
+
+
+def test_chain_style_resume_keeps_the_generated_token_ids(tiny_lm):
+    """GSM8K (chain style): a child's prompt extends its parent's prompt + generation, whose ids the
+    engine keeps. A resumed engine is given that memory back from the tree (node["generation_ids"]);
+    without it, re-tokenizing the generated text changes the prompts and the tree (seen at node 19)."""
+    from treesearch.tasks.gsm8k import GSM8K
+
+    class Stop(GSM8K):
+        calls, at = 0, None
+
+        def value_prompt(self, state):
+            Stop.calls += 1
+            if Stop.calls == Stop.at:
+                raise KeyboardInterrupt
+            return super().value_prompt(state)
+
+    q = {"question": "Tom has 3 apples and buys 4 more. How many?", "answer": "#### 7"}
+
+    def make():
+        return Searcher(tiny_lm, Stop(max_steps=4, samples_per_expand=3, max_new_tokens=12), strategies.BFS(breadth=3),
+                        RKSCConfig(kv_sharing="off"), progress=False)
+
+    full = make().solve(q)
+    Stop.calls, Stop.at = 0, 9
+    with pytest.raises(KeyboardInterrupt) as info:
+        make().solve(q)
+    Stop.at = None
+    part = info.value.partial_result
+    assert 1 < len(part.tree) < len(full.tree) == 31
+    done = make().resume(part)
+    p = Stop()
+    assert_same_tree(tree_data(done, p), tree_data(full, p), exact=True)

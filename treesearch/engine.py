@@ -142,6 +142,16 @@ class Engine:
                 self._known.pop(old, None)
             self._known_order = self._known_order[10000:]
 
+    def remember_generation(self, prompt: str, prompt_ids: Sequence[int], token_ids: Sequence[int]) -> None:
+        """Record that prompt + the decoded generation has the ids prompt_ids + token_ids (with and
+        without the last, e.g. EOS, token), so a chain-style child prompt keeps the generated ids.
+        Called after every generation; `Searcher.resume` calls it to give a fresh engine the same
+        tokenization memory as the interrupted one (the tree keeps each generation's ids)."""
+        gen = list(token_ids)
+        for k in (len(gen), len(gen) - 1):
+            tail = self.lm.tokenizer.decode(gen[:k], skip_special_tokens=False)
+            self._remember(prompt + tail, list(prompt_ids) + gen[:k])
+
     def label_token_ids(self, labels: Sequence[str]) -> list[int]:
         """First token id of each label; labels must start with distinct tokens."""
         ids = []
@@ -541,9 +551,7 @@ class Engine:
         results = []
         for b, r in enumerate(rows):
             text = self.lm.tokenizer.decode(gens[b], skip_special_tokens=True)
-            for k in (len(gens[b]), len(gens[b]) - 1):  # with and without the last (e.g. EOS) token
-                tail = self.lm.tokenizer.decode(gens[b][:k], skip_special_tokens=False)
-                self._remember(prompts[b] + tail, r.ids + gens[b][:k])
+            self.remember_generation(prompts[b], r.ids, gens[b])
             texts[b] = _cut_at_stop(text, sampling.stop)
             self.unique.add(r.ids + gens[b][:-1])
             self.stats.generated_tokens += len(gens[b])

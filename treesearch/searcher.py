@@ -137,6 +137,7 @@ class Searcher:
         self.engine = Engine(self.model, self.config)
         self._values = {}
         self._prime_values()
+        self._prime_tokens()
         self.engine.set_priority(self._omega)  # RSBCM: evict low score/(depth+1) first
         self.engine.pin_owner(self.tree.root)  # the root prompt is never evicted
         self.partial_result = None
@@ -189,6 +190,22 @@ class Searcher:
                 raise ResumeError(f"the saved search has {key}={m[key]!r} but this Searcher has {value!r}; build the "
                                   f"Searcher with the saved search's {key} to continue it")
 
+    def _prime_tokens(self) -> None:
+        """Give a fresh engine the tokenization memory of the search so far: each expanded node's
+        prompt, then its generations' token ids, in node-id order (a parent before its children).
+        Chain-style prompts extend a parent's prompt + generation and must keep the generated ids,
+        not a re-tokenization of their text, for a resumed search to equal an uninterrupted one."""
+        for n in sorted(self.tree.graph):
+            d = self.tree.node(n)
+            if not d.get("generation_ids"):
+                continue
+            prompt = self.problem.expand_prompt(d["state"])
+            if not isinstance(prompt, str) or not prompt:
+                continue
+            ids = self.engine.tokenize(prompt)
+            for gen in d["generation_ids"]:
+                self.engine.remember_generation(prompt, ids, gen)
+
     def _prime_values(self) -> None:
         """Re-enter the LM values already on the tree into the prompt -> value memo, so a resumed
         search reuses them exactly as the uninterrupted search would have."""
@@ -231,6 +248,7 @@ class Searcher:
         out: dict[int, list[int]] = {n: [] for n in nodes}
         for n, gen, kept in parsed:
             tree.node(n).setdefault("generations", []).append(gen.text)
+            tree.node(n).setdefault("generation_ids", []).append(list(gen.token_ids))  # for resume
             if gen.asks_ref is not None:  # ASKS: this expansion's prompt attached to another node's K/V
                 tree.node(n)["asks_expand"] = {"ref": who[gen.asks_ref], "sigma": gen.asks_sigma}
             for c, terminal, solved in kept:
