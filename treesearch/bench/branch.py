@@ -19,11 +19,12 @@ from ..runtime import LanguageModel
 from ..tasks.choice import extract_choice
 from ..tasks.gsm8k import extract_number
 from .prompts import BRANCH_STOP, VERIFY_LABELS, branch_prompt, verify_prompt
-from .workloads import RunResult, Tick
+from .workloads import RunResult, Tick, cgee_thresholds_note
 
 TEMPERATURE = 0.7
 TOP_P = 0.95
 MAX_NEW_TOKENS = {"gsm8k": 160, "arc_challenge": 96, "mmlu_stem": 96}
+CALIBRATION_TASK = {"gsm8k": "gsm8k", "arc_challenge": "arc", "mmlu_stem": "mmlu"}  # keys of calibration/*.json
 
 
 def seed_of(*parts: int | str) -> int:
@@ -57,7 +58,9 @@ def verify(engine: Engine, config: RKSCConfig, prompts: list[str], confidences: 
             out.note("CGEE missing: treesearch.cgee cannot be imported; verification runs in full")
             cgee = None
         if cgee is not None:
-            th = cgee.thresholds_for(config, model_name, task)
+            key = CALIBRATION_TASK.get(task, task)
+            th = cgee.thresholds_for(config, model_name, key)
+            out.note(cgee_thresholds_note(config, model_name, key))
             if cgee.decisive_branch(confidences, th.tau_conf, th.margin) is not None:
                 stats.verify_calls += len(prompts)
                 stats.verify_skipped += len(prompts)
@@ -102,7 +105,8 @@ def run_branch(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *
         final = weighted_vote(answers, values)
         out.wall_s += time.perf_counter() - t0
         out.add_stats(engine.stats.as_dict())
-        out.decisions += [f"{idx}|branch {j}|{a}" for j, a in enumerate(answers)] + [f"{idx}|vote|{final}"]
+        out.decisions += [f"{idx}|branch {j}|{a}|verified {'yes' if v > 0.5 else 'no'}"
+                          for j, (a, v) in enumerate(zip(answers, values))] + [f"{idx}|vote|{final}"]
         out.correct.append(final == item.answer)
         out.requests.append([[prompt] * branches])
         tick(1)

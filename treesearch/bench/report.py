@@ -73,6 +73,7 @@ def build(runs: BenchRuns, meta: dict) -> dict:
         entry["computed_tokens"] = entry["prefill_tokens"] + entry["decode_tokens"]
         entry["counters_stable"] = all(r.stats == last.stats for r in mr.runs)
         entry["decisions_total"] = len(last.decisions)
+        entry["decisions"] = list(last.decisions)
         modes[name] = entry
         decisions[name] = last.decisions
     base, ex = modes.get("nokv"), modes.get("exact")

@@ -73,6 +73,8 @@ def run_game24(lm: LanguageModel, config: RKSCConfig, puzzles: list[str], tick: 
     from ..tasks.game24 import Game24
 
     out = RunResult()
+    if config.cgee:
+        out.note(cgee_thresholds_note(config, lm.name, "game24"))
     for puzzle in puzzles:
         problem = Game24() if max_new_tokens is None else Game24(max_new_tokens=max_new_tokens)
         out.max_new_tokens = problem.sampling.max_new_tokens
@@ -101,6 +103,19 @@ def run_game24(lm: LanguageModel, config: RKSCConfig, puzzles: list[str], tick: 
         out.requests.append(batches)
         tick(1)
     return out
+
+
+def cgee_thresholds_note(config: RKSCConfig, model_name: str, task: str) -> str:
+    """Which CGEE thresholds a run uses: calibrated (treesearch/calibration) or config defaults."""
+    try:
+        from ..cgee import load_thresholds, thresholds_for
+    except ImportError:
+        return "CGEE missing: treesearch.cgee cannot be imported"
+    th = thresholds_for(config, model_name, task)
+    source = "calibrated" if config.min_layer is None and load_thresholds(model_name, task) is not None else \
+        "UNCALIBRATED (config defaults)"
+    return (f"CGEE thresholds {source} for {model_name} / {task}: min_layer={th.min_layer}, theta={th.theta}, "
+            f"eps={th.eps}, tau_conf={th.tau_conf}, margin={th.margin}")
 
 
 def make_workload(name: str, task: str | None, start: int, end: int, *, branches: int = 8,
