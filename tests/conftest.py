@@ -23,3 +23,18 @@ def real_lm():
     from treesearch.runtime import load_model
 
     return load_model()
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads(request):
+    """One torch thread for tiny-model tests (thread start-up costs more than it saves on small
+    matrices, and a busy 2-core machine thrashes with more); the machine's default for tests that
+    run the real model, where two threads pay off."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(before if "real_lm" in request.fixturenames else 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
