@@ -116,6 +116,11 @@ def test_asks_arc_when_not_the_tree_edge():
     assert st.parent[6] == 1 and st.children[1] == [4, 5, 6] and st.asks == [(5, 6, 0.995)]
     arcs = [p for p in parse(t.to_svg()).iter(SVG + "path") if p.get("class") == "asks"]
     assert [title_of(a) for a in arcs] == ["ASKS: #6 attached to the K/V of #5 (sigma 0.995)"]
+    t.node(4).update(asks_ref=2, asks_sigma=0.981)  # the node-attribute form
+    arcs = [p for p in parse(t.to_svg()).iter(SVG + "path") if p.get("class") == "asks"]
+    assert [title_of(a) for a in arcs] == ["ASKS: #6 attached to the K/V of #5 (sigma 0.995)",
+                                           "ASKS: #4 attached to the K/V of #2 (sigma 0.981)"]
+    assert "ASKS: attached to the K/V of #2" in title_of(groups(parse(t.to_svg()), "node")[4])
 
 
 # -- layout and folding --------------------------------------------------------------------------------

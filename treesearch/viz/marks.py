@@ -14,7 +14,8 @@ Where the marks come from (all plain node/edge attributes, so a saved tree shows
 - `cgee`: "skipped" (verification not run) | "exit@L" (scoring stopped after layer L) | "full".
 - ASKS: an edge with a truthy `asks` attribute (its value may be sigma) means the target attached
   to the source's K/V. If it is the target's only in-edge it is also its tree edge; otherwise it
-  is drawn as an extra arc.
+  is drawn as an extra arc. The same can be recorded on the node: `asks_ref` = the node whose K/V
+  it attached to (and optionally `asks_sigma`), drawn as an arc.
 """
 
 from __future__ import annotations
@@ -95,6 +96,10 @@ def structure(graph: Any) -> Structure:
     for u, v, d in graph.edges(data=True):
         if d.get("asks"):
             asks.append((u, v, d["asks"]))
+    for n, d in graph.nodes(data=True):  # or as node attributes: asks_ref (node id), asks_sigma
+        ref = d.get("asks_ref")
+        if isinstance(ref, int) and not isinstance(ref, bool) and ref in graph and not graph.has_edge(ref, n):
+            asks.append((ref, n, d.get("asks_sigma", True)))
     for n in graph.nodes:
         preds = sorted(graph.predecessors(n))
         plain = [p for p in preds if not graph.edges[p, n].get("asks")]
