@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+NEVER_LAYER = 1_000_000  # a min_layer no model reaches: the exit rule never fires
+
+
 @dataclass(frozen=True)
 class Thresholds:
     """The CGEE thresholds in force for one search (see the module docstring for the maths)."""
@@ -168,14 +171,17 @@ def load_thresholds(model_name: str, task: str, *, path: Path | None = None) -> 
 
 def thresholds_for(config, model_name: str, task: str) -> Thresholds:
     """Thresholds for a search: the config's when it sets min_layer, else the calibrated ones,
-    else the config's with min_layer = 2."""
+    else none in force (no skip, no exit): an uncalibrated logit lens is not trusted, since early
+    layers can look settled on the wrong label."""
     if config.min_layer is None:
         cal = load_thresholds(model_name, task)
         if cal is not None:
             return cal
         if config.cgee or config.cgee_measure:
-            log.warning("no CGEE calibration for model %s, task %s: using the config's thresholds with min_layer=2 "
-                        "(early layers can look settled on the wrong label); run `treesearch calibrate`",
+            log.warning("no CGEE calibration for model %s, task %s: CGEE stays inactive (no skip, no exit); "
+                        "run `treesearch calibrate` or set RKSCConfig.min_layer to choose thresholds yourself",
                         model_name, task)
-    return Thresholds(theta=config.theta, eps=config.eps, min_layer=config.min_layer or 2,
+        return Thresholds(theta=config.theta, eps=config.eps, min_layer=NEVER_LAYER, tau_conf=math.inf,
+                          margin=config.margin)
+    return Thresholds(theta=config.theta, eps=config.eps, min_layer=config.min_layer,
                       tau_conf=config.tau_conf, margin=config.margin)
