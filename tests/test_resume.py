@@ -54,7 +54,7 @@ def test_interrupted_search_resumes_from_file_to_the_uninterrupted_tree(tiny_lm,
     part = info.value.partial_result
     assert part is s.partial_result and part.status == "interrupted"
     assert part.error.startswith(type(exc).__name__)
-    assert 1 <= len(part.tree) < len(ref.tree)
+    assert len(ref.tree) > len(part.tree) >= 1
     path = part.save(tmp_path / "partial.json")
 
     problem = Words()
@@ -161,7 +161,7 @@ def test_chain_style_resume_keeps_the_generated_token_ids(tiny_lm):
         make().solve(q)
     Stop.at = None
     part = info.value.partial_result
-    assert 1 < len(part.tree) < len(full.tree) == 31
+    assert len(full.tree) == 31 and len(full.tree) > len(part.tree) > 1
     done = make().resume(part)
     p = Stop()
     assert_same_tree(tree_data(done, p), tree_data(full, p), exact=True)
