@@ -11,7 +11,7 @@ from typing import Any
 
 from .layout import DEFAULT_MAX_NODES
 from .marks import VIRIDIS, score_scale, short_score
-from .svg import BLUE, GOLD, GREY, PURPLE, tree_view
+from .svg import GOLD, PURPLE, border, tree_view
 
 
 def plot_tree(tree: Any, ax: Any = None, *, max_nodes: int | None = DEFAULT_MAX_NODES, label_nodes: int = 40,
@@ -46,15 +46,8 @@ def plot_tree(tree: Any, ax: Any = None, *, max_nodes: int | None = DEFAULT_MAX_
                 arrowstyle="-", ls="--", color=PURPLE, lw=1.2, connectionstyle="arc3,rad=-0.3"))
     for n, (x, y) in sorted(pos.items()):
         m = marks[n]
-        edge, lw, ls, alpha = "#333333", 0.8, "-", 1.0
-        if m.status == "pruned":
-            edge, ls, alpha = GREY, "--", 0.45
-        elif m.status == "frontier":
-            edge, ls = BLUE, "--"
-        if m.status == "solution":
-            edge, lw = GOLD, 2.6
-        elif m.on_path:
-            edge, lw = GOLD, 1.8
+        edge, width, dashed, alpha = border(m)
+        lw, ls = {1: 0.8, 2: 1.8, 3: 2.6}[width], "--" if dashed else "-"
         ax.add_patch(FancyBboxPatch((x - 0.36, y - 0.15), 0.72, 0.3, boxstyle="round,pad=0.02,rounding_size=0.06",
                                     facecolor=m.fill, edgecolor=edge, lw=lw, ls=ls, alpha=alpha, zorder=2))
         ax.text(x, y, short_score(m.score), ha="center", va="center", fontsize=7, zorder=3, alpha=alpha,

@@ -104,18 +104,26 @@ def _sigma(val: Any) -> str:
     return f" (sigma {val:.3f})" if isinstance(val, float) else ""
 
 
+def border(m: NodeMarks) -> tuple[str, int, bool, float]:
+    """A node's outline by status, shared by the SVG and matplotlib views: (colour, width level
+    1-3, dashed, opacity). Pruned fades, frontier is dashed blue, solution / solution path gold."""
+    colour, width, dashed, opacity = "#333333", 1, False, 1.0
+    if m.status == "pruned":
+        colour, dashed, opacity = GREY, True, 0.45
+    elif m.status == "frontier":
+        colour, dashed = BLUE, True
+    if m.status == "solution":
+        colour, width = GOLD, 3
+    elif m.on_path:
+        colour, width = GOLD, 2
+    return colour, width, dashed, opacity
+
+
 def _node_svg(m: NodeMarks, xy: tuple[float, float], uid: str) -> str:
     x, y = xy
     left, top = x - BOX_W / 2, y - BOX_H / 2
-    stroke, sw, dash, opacity = "#333333", 1, "", 1.0
-    if m.status == "pruned":
-        stroke, dash, opacity = GREY, ' stroke-dasharray="3 2"', 0.45
-    elif m.status == "frontier":
-        stroke, dash = BLUE, ' stroke-dasharray="3 2"'
-    if m.status == "solution":
-        stroke, sw = GOLD, 3
-    elif m.on_path:
-        stroke, sw = GOLD, 2
+    stroke, sw, dashed, opacity = border(m)
+    dash = ' stroke-dasharray="3 2"' if dashed else ""
     text = "#ffffff" if m.dark else "#111111"
     parts = [f'<g class="node status-{escape(m.status)}" data-id="{m.id}" data-status="{escape(m.status)}" '
              f'opacity="{opacity}"><title>{escape(m.title)}</title>',
