@@ -7,14 +7,17 @@ With p_(1) >= p_(2) >= ... the set is *decisive* when
     p_(1) >= tau_conf   and   p_(1) - p_(2) >= margin        (p_(2) = 0 for a set of one)
 
 and then its verification pass is skipped. A tie (p_(1) == p_(2), e.g. several children parsed out
-of ONE generation, which all carry that generation's confidence) is never decisive, whatever the
-margin. A skipped branch is valued on the verifier's own scale, so that strategies comparing
+of ONE generation without spans, which all carry that generation's confidence) is never decisive,
+whatever the margin. A skipped branch is valued on the verifier's own scale, so that strategies comparing
 branches across parents compare like with like:
 
     v_i = w_min + p_i (w_max - w_min),   w = the problem's label weights,
 
 i.e. the value the verifier gives when it puts mass p_i on the best label and the rest on the worst.
-Whether that is honest for a model and task is not assumed: `treesearch calibrate` raises tau_conf
+A child's p_i is its own: the problem may give each child the character span of the generation
+it was parsed from (`Child.span`), and p_i is then the geometric mean over the tokens that wrote
+that span (`span_confidence`); without a span it is the whole generation's. Whether the skip is
+honest for a model and task is not assumed: `treesearch calibrate` raises tau_conf
 until the selected branches equal the full verifier's on held-out searches (tau_conf > 1 = off).
 
 Level 2 — layer exit. When verification runs, the label distribution q_l (softmax over the labels'
@@ -100,6 +103,55 @@ def confidence_value(confidence: float, labels: Mapping[str, float]) -> float:
     """A skipped branch's value on the verifier's scale: w_min + p (w_max - w_min)."""
     lo, hi = min(labels.values()), max(labels.values())
     return lo + min(max(confidence, 0.0), 1.0) * (hi - lo)
+
+
+# -- Level 1: a child's own confidence ---------------------------------------------------------------
+def token_offsets(tokenizer, token_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """Character range [start, end) of each generated token in the generation's decoded text.
+
+    Token k ends where the decoded prefix ids[:k+1] ends (decoded as the engine decodes a
+    generation, special tokens skipped), so a token that decodes to nothing has an empty range and
+    a multi-byte character split over tokens is charged to the token that completes it (a decoded
+    prefix that ends inside a character ends in U+FFFD, which is not counted until the last token)."""
+    out: list[tuple[int, int]] = []
+    start = 0
+    n = len(token_ids)
+    for k in range(1, n + 1):
+        text = tokenizer.decode(list(token_ids[:k]), skip_special_tokens=True)
+        end = max(start, len(text if k == n else text.rstrip("\ufffd")))
+        out.append((start, end))
+        start = end
+    return out
+
+
+def span_tokens(offsets: Sequence[tuple[int, int]], span: tuple[int, int]) -> tuple[int, int]:
+    """Token range [i, j) of the tokens whose text overlaps the character span [s, e) (i == j:
+    none does, e.g. an empty span)."""
+    s, e = span
+    if s >= e:
+        return (0, 0)
+    hit = [k for k, (a, b) in enumerate(offsets) if a < e and b > s]
+    return (hit[0], hit[-1] + 1) if hit else (0, 0)
+
+
+def span_confidence(offsets: Sequence[tuple[int, int]], logprobs: Sequence[float], span: tuple[int, int] | None,
+                    text_len: int) -> float:
+    """Geometric-mean probability exp(mean log p) of the generated tokens that produced the
+    character span [s, e) of a generation's text: a child's own confidence, so that siblings parsed
+    out of one generation (Game of 24's move lines) are told apart by Level 1. No span, or a span
+    that no token produced: the whole generation's confidence."""
+    if span is not None:
+        s, e = span
+        if not (isinstance(s, int) and isinstance(e, int) and 0 <= s <= e <= text_len):
+            from .errors import ProblemDefinitionError
+
+            raise ProblemDefinitionError(f"Child.span={span!r} is not a character range of the {text_len}-character "
+                                         "generation it was parsed from; use (start, end) with "
+                                         "0 <= start <= end <= len(text), or None")
+        i, j = span_tokens(offsets, span)
+        if j > i:
+            return math.exp(sum(logprobs[i:j]) / (j - i))
+    return math.exp(sum(logprobs) / len(logprobs)) if logprobs else 0.0
 
 
 # -- Level 2 ---------------------------------------------------------------------------------------

@@ -35,6 +35,9 @@ class Child:
     thought: str
     state: Any
     prior: float | None = None  # optional prior for PUCT-style strategies
+    # optional character range [start, end) of the generation text the child was parsed from: its
+    # confidence (CGEE Level 1) is then that of the tokens that wrote it, not the whole generation's
+    span: tuple[int, int] | None = None
 
 
 class Problem:

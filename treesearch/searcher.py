@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .cgee import span_confidence, token_offsets
 from .config import RKSCConfig, Sampling
 from .engine import Engine, _mix
 from .limits import within_context
@@ -234,16 +235,21 @@ class Searcher:
         # Phase 1 calls every Problem method; phase 2 writes the tree. An exception (or Ctrl-C) in a
         # Problem method thus leaves the tree untouched: an expansion is all or nothing, and a
         # resumed search repeats it whole, with the same node ids.
-        parsed: list[tuple[int, Any, list[tuple[Child, bool, bool]]]] = []
+        parsed: list[tuple[int, Any, list[tuple[Child, float, bool, bool]]]] = []
         seen: dict[int, set] = {n: set() for n in nodes}
         for n, gen in zip(who, gens):
             kept = []
+            offsets = None  # character range of each generated token, built once if a child has a span
             for c in check_children(p, p.parse_children(tree.node(n)["state"], gen.text)):
                 key = p.state_key(c.state)
                 if key in seen[n]:
                     continue
                 seen[n].add(key)
-                kept.append((c, *self._flags(c.state)))
+                if c.span is not None and offsets is None:
+                    offsets = token_offsets(self.model.tokenizer, gen.token_ids)
+                # CGEE Level 1: the child's own confidence (its span's tokens), else the generation's
+                confidence = span_confidence(offsets or [], gen.logprobs, c.span, len(gen.text))
+                kept.append((c, confidence, *self._flags(c.state)))
             parsed.append((n, gen, kept))
         out: dict[int, list[int]] = {n: [] for n in nodes}
         for n, gen, kept in parsed:
@@ -251,8 +257,8 @@ class Searcher:
             tree.node(n).setdefault("generation_ids", []).append(list(gen.token_ids))  # for resume
             if gen.asks_ref is not None:  # ASKS: this expansion's prompt attached to another node's K/V
                 tree.node(n)["asks_expand"] = {"ref": who[gen.asks_ref], "sigma": gen.asks_sigma}
-            for c, terminal, solved in kept:
-                cid = tree.add_child(n, c.thought, c.state, confidence=gen.confidence)
+            for c, confidence, terminal, solved in kept:
+                cid = tree.add_child(n, c.thought, c.state, confidence=confidence)
                 d = tree.node(cid)
                 if c.prior is not None:
                     d["prior"] = float(c.prior)
