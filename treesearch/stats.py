@@ -35,6 +35,7 @@ class Stats:
     recomputed_tokens: int = 0
     peak_kv_bytes: int = 0
     wall_s: float = 0.0
+    verify_s: float = 0.0  # wall seconds spent in LM verification (valuation) calls, CGEE included
 
     def as_dict(self) -> dict:
         return asdict(self)

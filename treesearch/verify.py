@@ -9,11 +9,13 @@ One call values a batch of pending prompts (prompt -> the nodes that share it):
    full result values the tree (so the search is unchanged), the CGEE result is kept on the node as
    "cgee_score", and each decision that differs is counted in stats.cgee_disagreements: a verified
    prompt whose label argmax differs, or a skipped set whose chosen branch is not the full best.
-Nodes are marked node["cgee"] = "skipped" | "exit@L" | "full". Counters: see `treesearch.cgee`.
+Nodes are marked node["cgee"] = "skipped" | "exit@L" | "full". Counters: see `treesearch.cgee`;
+stats.verify_s adds the wall time of each call (the scoring time `treesearch bench` compares).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -56,6 +58,14 @@ class Verifier:
                                                                         dict[str, float]]:
         """(node -> (value, label probs or None), prompt -> value for prompts verified in full or
         early-exited, which the searcher may reuse)."""
+        t0 = time.perf_counter()
+        try:
+            return self._value(tree, pending)
+        finally:
+            self.engine.stats.verify_s += time.perf_counter() - t0
+
+    def _value(self, tree: Any, pending: dict[str, list[int]]) -> tuple[dict[int, tuple[float, dict | None]],
+                                                                         dict[str, float]]:
         labels = list(self.problem.labels)
         stats = self.engine.stats
         stats.verify_calls += len(pending)

@@ -100,8 +100,10 @@ def run_branch(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *
             answers = [extract_number(g.text) for g in gens]
         else:
             answers = [extract_choice(g.text, item.letters) for g in gens]
+        t1 = time.perf_counter()
         values = verify(engine, config, [verify_prompt(prompt, g.text) for g in gens],
                         [g.confidence for g in gens], lm.name, task, out)
+        engine.stats.verify_s += time.perf_counter() - t1
         final = weighted_vote(answers, values)
         out.wall_s += time.perf_counter() - t0
         out.add_stats(engine.stats.as_dict())

@@ -3,6 +3,7 @@
     treesearch bench game24 --range 900:902
     treesearch bench branch --task arc_challenge --range 0:5 --json arc.json --plot arc.png
     treesearch bench tree --range 0:2 --modes nokv,exact,rksc,hf-cb --repeat 3
+    treesearch bench game24 --range 900:902 --modes exact,cgee --threads 1   # scoring time, CGEE off vs on
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ DEFAULT_RANGES = {"game24": (900, 903), "branch": (0, 5), "tree": (0, 2)}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="treesearch bench", description="Benchmark nokv, exact, rksc and hf-cb side by side.")
+    p = argparse.ArgumentParser(prog="treesearch bench", description="Benchmark nokv, exact, cgee, rksc and hf-cb side by side.")
     p.add_argument("workload", choices=["game24", "branch", "tree"])
     p.add_argument("--task", default=None, choices=["gsm8k", "arc_challenge", "mmlu_stem"],
                    help="branch: dataset (default gsm8k); tree: gsm8k only")
     p.add_argument("--range", dest="rows", default=None, metavar="START:END",
                    help="input rows [START, END) (default: game24 900:903, branch 0:5, tree 0:2)")
-    p.add_argument("--modes", default="nokv,exact,rksc,hf-cb", help="comma-separated subset of nokv,exact,rksc,hf-cb")
+    p.add_argument("--modes", default="nokv,exact,rksc,hf-cb", help="comma-separated subset of nokv,exact,cgee,rksc,hf-cb "
+                   "(cgee = exact + CGEE only, for the verification time with CGEE off vs on)")
     p.add_argument("--repeat", type=int, default=1, help="timed rounds after the warm-up (median and spread)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write everything as JSON")
     p.add_argument("--plot", default=None, metavar="PATH", help="write a PNG (speedup and tokens per mode)")

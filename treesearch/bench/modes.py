@@ -2,6 +2,8 @@
 
 - nokv:  RKSCConfig(kv_sharing="off"): every call recomputes its whole context.
 - exact: RKSCConfig(kv_sharing="exact"): exact token-prefix sharing only (the vLLM-equivalent).
+- cgee:  exact + cgee=True (thresholds: the shipped calibration), nothing else: beside exact it
+         shows what CGEE alone does to the verification (scoring) time, `verify_s`.
 - rksc:  exact (or "asks" where RKSCConfig's default turns it on) + cgee=True + a cache budget for
          RSBCM. It is built from RKSCConfig flags only, so it picks up the CGEE / RSBCM / ASKS
          work as it lands; `feature_notes` says honestly which of them this build has.
@@ -16,8 +18,8 @@ from dataclasses import dataclass, field
 
 from ..config import RKSCConfig
 
-MODES = ("nokv", "exact", "rksc", "hf-cb")
-ENGINE_MODES = ("nokv", "exact", "rksc")
+MODES = ("nokv", "exact", "cgee", "rksc", "hf-cb")
+ENGINE_MODES = ("nokv", "exact", "cgee", "rksc")
 
 
 @dataclass
@@ -56,6 +58,10 @@ def make_mode(name: str, cache_budget: int | None = None) -> Mode:
         return Mode(name, RKSCConfig(kv_sharing="off"))
     if name == "exact":
         return Mode(name, RKSCConfig(kv_sharing="exact"))
+    if name == "cgee":
+        mode = Mode(name, RKSCConfig(kv_sharing="exact", cgee=True))
+        mode.notes.append("exact + CGEE only (no cache budget, no ASKS): compare its verify s with exact's")
+        return mode
     if name == "rksc":
         mode = Mode(name, rksc_config(cache_budget))
         mode.notes += feature_notes(mode.config)

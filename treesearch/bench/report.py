@@ -5,6 +5,9 @@ Definitions (all from the recorded counters and wall times):
 - speedup_vs_nokv = nokv.wall_s / mode.wall_s; speedup_vs_exact = exact.wall_s / mode.wall_s.
 - computed_tokens = prefill_tokens + decode_tokens (tokens run through the model);
   compute_vs_nokv = nokv.computed_tokens / mode.computed_tokens.
+- verify_s: median over repeats of the time spent verifying (scoring) branches, CGEE's work
+  included (Stats.verify_s summed over items); verify_speedup_vs_exact = exact.verify_s / verify_s,
+  i.e. how much faster verification ran than with exact sharing alone (CGEE off).
 - accuracy: fraction of items answered correctly (game24: solved; branch/tree: final answer).
 - agreement[mode]: fraction of decisions (kept states per step, per-branch and final answers)
   equal to nokv's, compared position by position (a missing decision counts as a disagreement).
@@ -49,7 +52,8 @@ def _walls(values: list[float]) -> dict:
 def _empty(status: str, reason: str | None, notes: list[str]) -> dict:
     entry: dict[str, Any] = {k: None for k in FIELDS + COUNTERS}
     entry.update(status=status, reason=reason, notes=list(notes), computed_tokens=None, speedup_vs_nokv=None,
-                 speedup_vs_exact=None, compute_vs_nokv=None)
+                 speedup_vs_exact=None, compute_vs_nokv=None, verify_s=None, verify_s_runs=None,
+                 verify_speedup_vs_exact=None)
     return entry
 
 
@@ -68,6 +72,8 @@ def build(runs: BenchRuns, meta: dict) -> dict:
         entry = _empty("ok" if not mr.error else "partial", mr.error, mr.mode.notes + last.notes)
         entry.update({k: last.stats.get(k, 0) for k in COUNTERS})
         entry.update(_walls([r.wall_s for r in mr.runs]))
+        entry["verify_s_runs"] = [r.verify_s for r in mr.runs]
+        entry["verify_s"] = statistics.median(entry["verify_s_runs"])
         entry["accuracy"] = sum(last.correct) / len(last.correct) if last.correct else None
         entry["items"] = len(last.correct)
         entry["computed_tokens"] = entry["prefill_tokens"] + entry["decode_tokens"]
@@ -83,6 +89,7 @@ def build(runs: BenchRuns, meta: dict) -> dict:
         entry["speedup_vs_nokv"] = ratio(base and base["wall_s"], entry["wall_s"])
         entry["speedup_vs_exact"] = ratio(ex and ex["wall_s"], entry["wall_s"])
         entry["compute_vs_nokv"] = ratio(base and base["computed_tokens"], entry["computed_tokens"])
+        entry["verify_speedup_vs_exact"] = ratio(ex and ex["verify_s"], entry["verify_s"])
     ref = decisions.get("nokv")
     agree = {name: (agreement(d, ref) if ref is not None else None) for name, d in decisions.items()}
     for name in modes:
@@ -134,11 +141,12 @@ def markdown(doc: dict) -> str:
     lines = [f"### treesearch bench {doc.get('workload')} ({doc.get('task')}, rows {doc.get('range')}, "
              f"{doc.get('items')} items, model {doc.get('model')}, repeat {doc.get('repeat')})", "",
              "| mode | wall s (median ± spread) | x vs nokv | x vs exact | prefill | decode | reused | unique | "
-             "model calls | verify calls / skipped | verify layers run / full | peak KV MiB | accuracy | agreement |",
-             "|" + "---|" * 14]
+             "model calls | verify calls / skipped | verify layers run / full | peak KV MiB | accuracy | agreement | "
+             "verify s | verify x vs exact |",
+             "|" + "---|" * 16]
     for name, e in doc["modes"].items():
         if e["status"] in ("failed", "skipped") :
-            lines.append(f"| {name} | {e['status']}: {e['reason']} |" + " |" * 12 + "")
+            lines.append(f"| {name} | {e['status']}: {e['reason']} |" + " |" * 14 + "")
             continue
         kv = e["peak_kv_bytes"] / 2**20 if e["peak_kv_bytes"] is not None else None
         ver = "—" if e["verify_calls"] is None else f"{e['verify_calls']} / {e['verify_skipped']}"
@@ -147,7 +155,15 @@ def markdown(doc: dict) -> str:
             f"| {name} | {_f(e['wall_s'])} ± {_f(e['wall_s_spread'])} | {_f(e['speedup_vs_nokv'], '{:.2f}x')} | "
             f"{_f(e['speedup_vs_exact'], '{:.2f}x')} | {_f(e['prefill_tokens'])} | {_f(e['decode_tokens'])} | "
             f"{_f(e['reused_tokens'])} | {_f(e['unique_tokens'])} | {_f(e['model_calls'])} | {ver} | {lay} | "
-            f"{_f(kv, '{:.1f}')} | {_f(e['accuracy'])} | {_f(doc['agreement'].get(name))} |")
+            f"{_f(kv, '{:.1f}')} | {_f(e['accuracy'])} | {_f(doc['agreement'].get(name))} | "
+            f"{_f(e.get('verify_s'))} | {_f(e.get('verify_speedup_vs_exact'), '{:.2f}x')} |")
+    off, on = doc["modes"].get("exact"), doc["modes"].get("cgee")
+    if off and on and off.get("verify_s") is not None and on.get("verify_s") is not None:
+        lines += ["", f"Verification (scoring) time, CGEE off (exact) vs on (cgee), same run: "
+                      f"{off['verify_s']:.2f} s vs {on['verify_s']:.2f} s = "
+                      f"{_f(on['verify_speedup_vs_exact'], '{:.2f}x')} faster with CGEE "
+                      f"(verify calls skipped {on['verify_skipped']} of {on['verify_calls']}, layers run "
+                      f"{on['verify_layers_run']} of {on['verify_layers_full']})"]
     notes = [(n, t) for n, e in doc["modes"].items() for t in e["notes"]]
     if notes:
         lines += ["", "Notes:"] + [f"- {n}: {t}" for n, t in notes]

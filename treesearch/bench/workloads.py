@@ -32,6 +32,7 @@ class RunResult:
     """One timed run of a workload in one mode."""
 
     wall_s: float = 0.0
+    verify_s: float = 0.0  # of wall_s, the time spent verifying (scoring) branches: Stats.verify_s summed
     stats: dict = field(default_factory=dict)
     decisions: list[str] = field(default_factory=list)
     correct: list[bool] = field(default_factory=list)
@@ -40,7 +41,9 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
 
     def add_stats(self, stats: dict) -> None:
-        """Sum counters over items; peak KV is the maximum (each item has its own engine)."""
+        """Sum counters over items; peak KV is the maximum (each item has its own engine). The
+        verification time goes to `verify_s`, not into the counters (which must repeat exactly)."""
+        self.verify_s += float(stats.get("verify_s", 0.0) or 0.0)
         for k in SUM_FIELDS:
             self.stats[k] = self.stats.get(k, 0) + int(stats.get(k, 0) or 0)
         self.stats["peak_kv_bytes"] = max(self.stats.get("peak_kv_bytes", 0), int(stats.get("peak_kv_bytes", 0)))
