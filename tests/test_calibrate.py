@@ -97,3 +97,48 @@ def test_calibration_on_tiny_model_has_zero_disagreement(tiny_lm, tmp_path):
     want = exit_layers(entropies(ds.traj[:24]), t.theta, t.eps, t.min_layer)
     assert [s.layers_run for s in scores] == want.tolist()
     assert not math.isnan(entry["calibration"]["layer_fraction"])
+
+
+def test_a_call_shared_with_a_verified_set_is_not_skipped():
+    ds = _hand_made()
+    # a second parent (10) whose only child (node 4) reuses call 0's prompt; one candidate: never decisive
+    # with tau 0.95, so call 0 still runs for it although node 1's set {1, 2, 3} is skipped
+    ds.steps[0].append({"node": 4, "parent": 10, "conf": 0.5, "call": 0, "value": None})
+    ds.breadth = 2
+    out = replay(ds, Thresholds(theta=0.0, eps=0.0, min_layer=3, tau_conf=0.8, margin=0.3))
+    assert (out.calls, out.skipped, out.layers_run, out.layers_full) == (3, 2, 3, 3)
+
+
+def test_unseen_mask_restricts_the_call_counts():
+    from treesearch.calibrate import unseen_calls
+
+    cal = _hand_made()
+    cal.meta["prompts"] = ["p0", "p1", "p2"]
+    held = _hand_made()
+    held.steps = []
+    held.meta["prompts"] = ["p1", "q1", "q2"]  # call 0 repeats a calibration prompt
+    mask = unseen_calls(cal, held)
+    assert mask.tolist() == [False, True, True]
+    loose = Thresholds(theta=0.2, eps=1.0, min_layer=2, tau_conf=1.01)
+    assert (replay(held, loose).calls, replay(held, loose).call_errors) == (3, 1)
+    sub = replay(held, loose, calls=mask)
+    assert (sub.calls, sub.layers_run, sub.layers_full, sub.call_errors) == (2, 2 + 3, 6, 1)  # calls 1 and 2
+    held.meta.pop("prompts")
+    assert unseen_calls(cal, held) is None
+
+
+def test_choice_rows_with_3_to_5_choices_are_padded_not_dropped(tiny_lm):
+    from treesearch.calibrate import choice_prompt, collect_choice
+    from treesearch.tasks.datasets import load_arc
+
+    ds = collect_choice(tiny_lm, "arc", 834, 838, log=lambda m: None)  # row 836 has 5 choices, the rest 4
+    assert ds.labels == [" A", " B", " C", " D", " E"]
+    assert ds.traj.shape == (4, tiny_lm.num_layers, 5)
+    assert ds.meta["choices"] == {"4": 3, "5": 1}
+    assert (ds.traj[[0, 1, 3], :, 4] == 0).all() and (ds.traj[2, :, 4] > 0).all()
+    assert np.allclose(ds.traj.sum(-1), 1.0)
+    items = load_arc(834, 838)
+    for row, k in ((2, 5), (3, 4)):
+        labels = ds.labels[:k]
+        s = Engine(tiny_lm, RKSCConfig()).score([choice_prompt(items[row].question, items[row].choices)], labels)[0]
+        assert ds.traj[row, -1, :k] == pytest.approx([s.probs[x] for x in labels], abs=1e-5)

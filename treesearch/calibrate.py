@@ -111,8 +111,10 @@ class Dataset:
                    meta=d.get("meta", {}))
 
 
-def collect_game24(lm, start: int, end: int, *, breadth: int = 5, log=print) -> Dataset:
-    """Run ToT BFS on 24.csv rows [start, end) with full verification passes, recording every call."""
+def collect_game24(lm, start: int, end: int, *, breadth: int = 5, log=print, checkpoint=None) -> Dataset:
+    """Run ToT BFS on 24.csv rows [start, end) with full verification passes, recording every call
+    and, per step, each candidate's own generation confidence (its move line's tokens: real model
+    proposals, so Level 1 is calibrated on what a search will see). `checkpoint(ds)` after each puzzle."""
     from strategies import BFS
 
     from .config import RKSCConfig
@@ -122,8 +124,11 @@ def collect_game24(lm, start: int, end: int, *, breadth: int = 5, log=print) -> 
     problem = Game24()
     labels = list(problem.labels)
     trajs: list = []
+    prompts: list[str] = []
     steps: list[list[dict]] = []
+    solved = 0
     t0 = time.perf_counter()
+    ds = None
     for i, puzzle in enumerate(load_puzzles(start, end)):
         searcher = Searcher(lm, problem, BFS(breadth=breadth), RKSCConfig(kv_sharing="exact"), progress=False)
         searcher.cgee_trace = trace = {}
@@ -132,6 +137,8 @@ def collect_game24(lm, start: int, end: int, *, breadth: int = 5, log=print) -> 
         for q, traj in trace.items():
             index[q] = len(trajs)
             trajs.append(traj)
+            prompts.append(q)
+        solved += bool(result.solved)
         tree = result.tree
         for depth in range(1, problem.max_depth + 1):
             nodes = [n for n in tree.graph.nodes if tree.node(n)["depth"] == depth]
@@ -150,9 +157,13 @@ def collect_game24(lm, start: int, end: int, *, breadth: int = 5, log=print) -> 
             steps.append(step)
         log(f"  [{i + 1}/{end - start}] {puzzle}: {len(trace)} calls, solved={result.solved} "
             f"({time.perf_counter() - t0:.0f}s)")
-    return Dataset(task="game24", model=lm.name, labels=labels, weights=[problem.labels[k] for k in labels],
-                   traj=np.asarray(trajs, dtype=np.float64), steps=steps, breadth=breadth,
-                   meta={"range": f"{start}:{end}"})
+        ds = Dataset(task="game24", model=lm.name, labels=labels, weights=[problem.labels[k] for k in labels],
+                     traj=np.asarray(trajs, dtype=np.float64), steps=steps, breadth=breadth,
+                     meta={"range": f"{start}:{start + i + 1}", "proposer": "model", "solved": solved,
+                           "prompts": list(prompts)})
+        if checkpoint is not None:
+            checkpoint(ds)
+    return ds
 
 
 def legal_moves(numbers) -> list[tuple]:
@@ -238,30 +249,44 @@ def choice_prompt(question: str, choices: tuple[str, ...]) -> str:
 
 
 def collect_choice(lm, task: str, start: int, end: int, *, log=print, batch: int = 8) -> Dataset:
-    """Score the answer letter of 4-choice ARC / MMLU-STEM rows [start, end) with full passes."""
+    """Score the answer letter of ARC / MMLU-STEM rows [start, end) with full passes.
+
+    Each row is scored over its own letters (" A".." C" for 3 choices, up to " E"); the recorded
+    distributions are padded with zeros to the most letters in the range, which changes neither
+    an entropy nor an argmax, so every row counts (ARC has rows with 3 and 5 choices)."""
     from .config import RKSCConfig
     from .engine import Engine
     from .tasks import datasets
     from .verify import LayerRecorder
 
     loader = {"arc": datasets.load_arc, "mmlu": datasets.load_mmlu_stem}[task]
-    items = [it for it in loader(start, end) if len(it.choices) == 4]
-    labels = [" A", " B", " C", " D"]
+    items = loader(start, end)
+    width = max(len(it.choices) for it in items)
+    labels = [f" {x}" for x in "ABCDE"[:width]]
     engine = Engine(lm, RKSCConfig(kv_sharing="exact"))
-    trajs = []
+    trajs: list = [None] * len(items)
     correct = 0
+    done = 0
     t0 = time.perf_counter()
-    for lo in range(0, len(items), batch):
-        chunk = items[lo:lo + batch]
-        rec = LayerRecorder()
-        scores = engine.score([choice_prompt(it.question, it.choices) for it in chunk], labels, exit_rule=rec)
-        for it, traj, s in zip(chunk, rec.rows(), scores):
-            trajs.append(traj + [[s.probs[k] for k in labels]])
-            correct += max(labels, key=lambda k: s.probs[k]).strip() == it.answer
-        if (lo // batch) % 10 == 0:
-            log(f"  [{lo + len(chunk)}/{len(items)}] ({time.perf_counter() - t0:.0f}s)")
+    for k in sorted({len(it.choices) for it in items}):
+        rows = [i for i, it in enumerate(items) if len(it.choices) == k]
+        mine = labels[:k]
+        for lo in range(0, len(rows), batch):
+            chunk = rows[lo:lo + batch]
+            rec = LayerRecorder()
+            prompts = [choice_prompt(items[i].question, items[i].choices) for i in chunk]
+            scores = engine.score(prompts, mine, exit_rule=rec)
+            pad = [0.0] * (width - k)
+            for i, traj, sc in zip(chunk, rec.rows(), scores):
+                trajs[i] = [p + pad for p in traj] + [[sc.probs[x] for x in mine] + pad]
+                correct += max(mine, key=lambda x: sc.probs[x]).strip() == items[i].answer
+            done += len(chunk)
+            if (lo // batch) % 10 == 0:
+                log(f"  [{done}/{len(items)}] ({time.perf_counter() - t0:.0f}s)")
     return Dataset(task=task, model=lm.name, labels=labels, weights=None, traj=np.asarray(trajs, dtype=np.float64),
-                   meta={"range": f"{start}:{end}", "accuracy": correct / max(1, len(items))})
+                   meta={"range": f"{start}:{end}", "accuracy": correct / max(1, len(items)),
+                         "choices": {str(k): sum(len(it.choices) == k for it in items)
+                                     for k in sorted({len(it.choices) for it in items})}})
 
 
 # -- offline replay of the rules ---------------------------------------------------------------------
@@ -307,8 +332,13 @@ class Outcome:
                 "step_error_upper95": clopper_pearson_upper(self.step_errors, self.steps) if self.steps else None}
 
 
-def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None) -> Outcome:
-    """Apply thresholds to the recorded calls and compare every decision with the full pass."""
+def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None, calls: np.ndarray | None = None) -> Outcome:
+    """Apply thresholds to the recorded calls and compare every decision with the full pass.
+
+    A call counts as skipped when every candidate that uses it sits in a skipped set (one live
+    verification pass serves all candidates of a prompt). `calls` (a bool mask) restricts the call
+    counts (calls, skipped, layers, call errors) to those calls, e.g. held-out calls whose prompt
+    the calibration set never saw; the step counts always cover every step."""
     h = entropies(ds.traj) if h is None else h
     n, num_layers, _ = ds.traj.shape
     ex = exit_layers(h, t.theta, t.eps, t.min_layer)
@@ -316,7 +346,9 @@ def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None) -> Outcome:
     full = ds.traj[:, -1]
     wrong = quick.argmax(1) != full.argmax(1)
     w = np.asarray(ds.weights) if ds.weights is not None else None
-    skipped_calls: set[int] = set()
+    labels = dict(zip(ds.labels, ds.weights)) if ds.weights is not None else None
+    in_skipped_set: set[int] = set()
+    in_verified_set: set[int] = set()
     call_errors_skip: set[int] = set()
     step_errors = 0
     for step in ds.steps:
@@ -333,21 +365,25 @@ def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None) -> Outcome:
             members = sorted(members, key=lambda c: c["node"])
             i = decisive_branch([c["conf"] for c in members], t.tau_conf, t.margin)
             if i is None:
+                in_verified_set.update(c["call"] for c in members)
                 continue
             best_full = max(members, key=lambda c: (fv[c["node"]], -c["node"]))["node"]
             for c in members:
-                qv[c["node"]] = confidence_value(c["conf"], dict(zip(ds.labels, ds.weights)))
-                skipped_calls.add(c["call"])
+                qv[c["node"]] = confidence_value(c["conf"], labels)
+                in_skipped_set.add(c["call"])
                 if (c["node"] == members[i]["node"]) != (c["node"] == best_full):
                     call_errors_skip.add(c["call"])
         if _top(qv, ds.breadth) != _top(fv, ds.breadth):
             step_errors += 1
     verified = np.ones(n, dtype=bool)
-    verified[list(skipped_calls)] = False
-    call_errors = int((wrong & verified).sum()) + len(call_errors_skip)
-    return Outcome(calls=n, skipped=len(skipped_calls), layers_run=int(ex[verified].sum()),
-                   layers_full=int(verified.sum()) * num_layers, call_errors=call_errors,
-                   steps=len(ds.steps), step_errors=step_errors)
+    verified[list(in_skipped_set - in_verified_set)] = False
+    mask = np.ones(n, dtype=bool) if calls is None else np.asarray(calls, dtype=bool)
+    skip_err = np.zeros(n, dtype=bool)
+    skip_err[list(call_errors_skip)] = True
+    call_errors = int((((wrong & verified) | skip_err) & mask).sum())
+    return Outcome(calls=int(mask.sum()), skipped=int((~verified & mask).sum()),
+                   layers_run=int(ex[verified & mask].sum()), layers_full=int((verified & mask).sum()) * num_layers,
+                   call_errors=call_errors, steps=len(ds.steps), step_errors=step_errors)
 
 
 def _top(values: dict, b: int) -> set:
@@ -432,7 +468,7 @@ def _collect(args, lm, rng: tuple[int, int], skip_prompts=(), checkpoint=None) -
         return collect_game24_oracle(lm, *rng, breadth=args.breadth, log=_log, skip_prompts=skip_prompts,
                                      checkpoint=checkpoint)
     if args.task == "game24":
-        return collect_game24(lm, *rng, breadth=args.breadth, log=_log)
+        return collect_game24(lm, *rng, breadth=args.breadth, log=_log, checkpoint=checkpoint)
     return collect_choice(lm, args.task, *rng, log=_log)
 
 
@@ -454,12 +490,25 @@ def _load_or_collect(args, path, rng, state, skip_prompts=(), checkpoint=None) -
     return _collect(args, state["lm"], rng, skip_prompts, checkpoint)
 
 
-def save(ds: Dataset, t: Thresholds, out: Outcome, held: Outcome | None, path: Path, hds: Dataset | None) -> None:
+def unseen_calls(ds: Dataset, hds: Dataset) -> np.ndarray | None:
+    """Mask of the held-out calls whose prompt is not among the calibration calls (Game of 24 value
+    prompts repeat across puzzles: "Numbers: 4 6"); None when the prompts were not recorded."""
+    seen, held = ds.meta.get("prompts"), hds.meta.get("prompts")
+    if seen is None or held is None or len(held) != len(hds.traj):
+        return None
+    seen = set(seen)
+    return np.asarray([q not in seen for q in held], dtype=bool)
+
+
+def save(ds: Dataset, t: Thresholds, out: Outcome, held: Outcome | None, path: Path, hds: Dataset | None,
+         unseen: dict | None = None) -> None:
     """Merge one task's fitted thresholds into a model's calibration file."""
     data = json.loads(path.read_text()) if path.exists() else {"model": ds.model, "tasks": {}}
     entry = dict(t.to_dict(), num_layers=int(ds.traj.shape[1]), calibration=dict(out.report(), **_meta(ds)))
     if held is not None and hds is not None:
         entry["heldout"] = dict(held.report(), **_meta(hds))
+        if unseen is not None:
+            entry["heldout"]["unseen"] = unseen
     data["tasks"][ds.task] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
@@ -474,8 +523,17 @@ def main(argv: list[str] | None = None) -> int:
     rng = args.range or DEFAULT_RANGES[args.task]
     if args.task == "game24" and rng[0] < 1000 and rng[1] > 900:
         raise SystemExit(f"--range {rng[0]}:{rng[1]} overlaps the Game of 24 benchmark rows 900:1000; pick others")
+    if args.eval_range and args.task == "game24" and args.eval_range[0] < 1000 and args.eval_range[1] > 900:
+        raise SystemExit(f"--eval-range overlaps the Game of 24 benchmark rows 900:1000; pick others")
+    if args.eval_range and not args.calls and args.eval_range[0] < rng[1] and rng[0] < args.eval_range[1]:
+        raise SystemExit(f"--eval-range {args.eval_range[0]}:{args.eval_range[1]} overlaps --range {rng[0]}:{rng[1]}; "
+                         "held-out rows must be other rows")
     state: dict = {}
-    ds = _load_or_collect(args, args.calls, rng, state)
+    keep = None
+    if args.save_calls and not args.calls:
+        def keep(d):
+            Path(args.save_calls).write_text(json.dumps(d.to_json()))
+    ds = _load_or_collect(args, args.calls, rng, state, checkpoint=keep)
     if args.save_calls:
         Path(args.save_calls).write_text(json.dumps(ds.to_json()))
     t, out = fit(ds, args.target_error)
@@ -493,9 +551,12 @@ def main(argv: list[str] | None = None) -> int:
             dump(hds)
         held = replay(hds, t)
         result["heldout"] = dict(held.report(), **_meta(hds))
+        unseen = unseen_calls(ds, hds)
+        if unseen is not None and not unseen.all():
+            result["heldout"]["unseen"] = replay(hds, t, calls=unseen).report()
     print(json.dumps(result, indent=1))
     if not args.dry_run:
         path = Path(args.out) if args.out else calibration_path(ds.model)
-        save(ds, t, out, held, path, hds)
+        save(ds, t, out, held, path, hds, result.get("heldout", {}).get("unseen"))
         _log(f"wrote {path}")
     return 0
