@@ -68,3 +68,16 @@ def test_exact_and_cgee_in_one_run_tiny(tmp_path, capsys):
     assert ex["verify_s"] > 0 and cg["verify_s"] > 0
     assert cg["verify_speedup_vs_exact"] == ex["verify_s"] / cg["verify_s"]
     assert "Verification (scoring) time, CGEE off (exact) vs on (cgee)" in capsys.readouterr().out
+
+
+def test_search_stats_time_the_verifier(tiny_lm):
+    from reliability_problems import Words
+    from strategies import BFS
+
+    from treesearch import Searcher
+
+    lm_valued = Searcher(tiny_lm, Words(width=2, depth=1), BFS(breadth=2), progress=False).solve("cats").stats
+    assert lm_valued["verify_calls"] == 2 and lm_valued["verify_s"] > 0
+    programmatic = Searcher(tiny_lm, Words(width=2, depth=1, lm_value=False), BFS(breadth=2),
+                            progress=False).solve("cats").stats
+    assert programmatic["verify_calls"] == 0 and programmatic["verify_s"] == 0.0
