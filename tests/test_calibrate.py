@@ -142,3 +142,48 @@ def test_choice_rows_with_3_to_5_choices_are_padded_not_dropped(tiny_lm):
         labels = ds.labels[:k]
         s = Engine(tiny_lm, RKSCConfig()).score([choice_prompt(items[row].question, items[row].choices)], labels)[0]
         assert ds.traj[row, -1, :k] == pytest.approx([s.probs[x] for x in labels], abs=1e-5)
+
+
+class AnyMove:
+    """Game24 for the tiny random model: each of the first three words it writes picks a legal move
+    (by its letters), with the word's span, so searches have real generations and real siblings."""
+
+    @staticmethod
+    def make():
+        import re
+
+        from treesearch.calibrate import legal_moves
+        from treesearch.problem import Child
+        from treesearch.tasks.game24 import Game24, Game24State
+
+        class _AnyMove(Game24):
+            def parse_children(self, state, text):
+                moves = legal_moves(state.numbers)
+                if not moves:
+                    return []
+                out = []
+                for m in list(re.finditer(r"\S+", text))[:3]:
+                    thought, left = moves[sum(map(ord, m.group())) % len(moves)]
+                    out.append(Child(thought=thought, span=m.span(), state=Game24State(
+                        puzzle=state.puzzle, numbers=left, steps=state.steps + (thought,))))
+                return out
+
+        return _AnyMove(max_new_tokens=6)
+
+
+def test_batched_game24_collection_equals_one_searcher_per_puzzle(tiny_lm):
+    from treesearch.calibrate import collect_game24, collect_game24_batched
+
+    quiet = lambda m: None  # noqa: E731
+    batched = collect_game24_batched(tiny_lm, 800, 803, group=2, problem=AnyMove.make(), log=quiet)
+    ref = collect_game24(tiny_lm, 800, 803, problem=AnyMove.make(), log=quiet)
+    ref_steps = [s for s in ref.steps if any(c["call"] is not None for c in s)]  # step 4: answers only
+    assert len(batched.steps) == len(ref_steps) >= 6 and len(batched.traj) == len(ref.traj) >= 10
+    for a, b in zip(batched.steps, ref_steps):
+        assert [(c["node"], c["parent"], c["value"]) for c in a] == [(c["node"], c["parent"], c["value"]) for c in b]
+        for c, d in zip(a, b):
+            assert c["conf"] == pytest.approx(d["conf"], abs=1e-6)
+            assert np.allclose(batched.traj[c["call"]], ref.traj[d["call"]], atol=1e-5)
+    confs = [c["conf"] for c in batched.steps[0]]
+    assert len(set(confs)) > 1  # siblings of one generation carry their own words' confidences
+    assert sorted(batched.meta["prompts"]) == sorted(ref.meta["prompts"])

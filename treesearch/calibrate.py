@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .calibration_sets import (CHOICE_PROMPT, Dataset, choice_prompt, collect_choice, collect_game24,  # noqa: F401
+                               collect_game24_batched, collect_game24_oracle, legal_moves, top_b)
 from .cgee import Thresholds, calibration_path, confidence_value, decisive_branch
 
 THETAS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.1, 1.4)  # ln 3 = 1.10, ln 4 = 1.39
@@ -78,215 +80,6 @@ def clopper_pearson_upper(k: int, n: int, confidence: float = 0.95) -> float:
         else:
             hi = mid
     return hi
-
-
-# -- collected data ----------------------------------------------------------------------------------
-@dataclass
-class Dataset:
-    """Verification calls and the search steps that used them.
-
-    traj: [N, L, K] label probabilities of call i after layer l+1 (the last = the full pass).
-    weights: [K] label weights (the value is weights . probs), or None for pure argmax tasks.
-    steps: per search step, its candidates as dicts {node, parent, conf, call (index or None),
-    value (programmatic value or None)}; empty for tasks without a search.
-    """
-
-    task: str
-    model: str
-    labels: list[str]
-    weights: list[float] | None
-    traj: np.ndarray
-    steps: list[list[dict]] = field(default_factory=list)
-    breadth: int = 5
-    meta: dict = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return {"task": self.task, "model": self.model, "labels": self.labels, "weights": self.weights,
-                "traj": self.traj.round(6).tolist(), "steps": self.steps, "breadth": self.breadth, "meta": self.meta}
-
-    @classmethod
-    def from_json(cls, d: dict) -> Dataset:
-        return cls(task=d["task"], model=d["model"], labels=d["labels"], weights=d["weights"],
-                   traj=np.asarray(d["traj"], dtype=np.float64), steps=d["steps"], breadth=d["breadth"],
-                   meta=d.get("meta", {}))
-
-
-def collect_game24(lm, start: int, end: int, *, breadth: int = 5, log=print, checkpoint=None) -> Dataset:
-    """Run ToT BFS on 24.csv rows [start, end) with full verification passes, recording every call
-    and, per step, each candidate's own generation confidence (its move line's tokens: real model
-    proposals, so Level 1 is calibrated on what a search will see). `checkpoint(ds)` after each puzzle."""
-    from strategies import BFS
-
-    from .config import RKSCConfig
-    from .searcher import Searcher
-    from .tasks.game24 import Game24, load_puzzles
-
-    problem = Game24()
-    labels = list(problem.labels)
-    trajs: list = []
-    prompts: list[str] = []
-    steps: list[list[dict]] = []
-    solved = 0
-    t0 = time.perf_counter()
-    ds = None
-    for i, puzzle in enumerate(load_puzzles(start, end)):
-        searcher = Searcher(lm, problem, BFS(breadth=breadth), RKSCConfig(kv_sharing="exact"), progress=False)
-        searcher.cgee_trace = trace = {}
-        result = searcher.solve(puzzle)
-        index = {}
-        for q, traj in trace.items():
-            index[q] = len(trajs)
-            trajs.append(traj)
-            prompts.append(q)
-        solved += bool(result.solved)
-        tree = result.tree
-        for depth in range(1, problem.max_depth + 1):
-            nodes = [n for n in tree.graph.nodes if tree.node(n)["depth"] == depth]
-            if not nodes:
-                break
-            step = []
-            for n in sorted(nodes):
-                d = tree.node(n)
-                state = d["state"]
-                value = problem.value(state)
-                call = None if value is not None else index.get(problem.value_prompt(state))
-                if value is None and call is None:
-                    continue  # valued in an earlier search of the same prompt: not in this trace
-                step.append({"node": n, "parent": tree.parent(n), "conf": float(d.get("confidence", 0.0)),
-                             "call": call, "value": value})
-            steps.append(step)
-        log(f"  [{i + 1}/{end - start}] {puzzle}: {len(trace)} calls, solved={result.solved} "
-            f"({time.perf_counter() - t0:.0f}s)")
-        ds = Dataset(task="game24", model=lm.name, labels=labels, weights=[problem.labels[k] for k in labels],
-                     traj=np.asarray(trajs, dtype=np.float64), steps=steps, breadth=breadth,
-                     meta={"range": f"{start}:{start + i + 1}", "proposer": "model", "solved": solved,
-                           "prompts": list(prompts)})
-        if checkpoint is not None:
-            checkpoint(ds)
-    return ds
-
-
-def legal_moves(numbers) -> list[tuple]:
-    """Every state one exact move (+, -, *, / over two of the numbers) away, as `apply_move` parses it."""
-    from .tasks.arith import fmt
-    from .tasks.game24 import apply_move
-
-    out, seen = [], set()
-    for i in range(len(numbers)):
-        for j in range(len(numbers)):
-            if i == j:
-                continue
-            a, b = numbers[i], numbers[j]
-            for op in "+-*/":
-                if (op in "+*" and i > j) or (op == "/" and b == 0):
-                    continue
-                move = apply_move(numbers, f"{fmt(a)} {op} {fmt(b)} = ?")
-                if move is not None and move[1] not in seen:
-                    seen.add(move[1])
-                    out.append(move)
-    return out
-
-
-def collect_game24_oracle(lm, start: int, end: int, *, breadth: int = 5, log=print, skip_prompts=(),
-                          checkpoint=None) -> Dataset:
-    """BFS on 24.csv rows [start, end) whose proposer is every legal move (no generation) and whose
-    verifier is the model's real value prompt, scored with full passes: many real verification
-    calls for little CPU. No generation means no confidences, so Level 1 never fires here."""
-    from .config import RKSCConfig
-    from .engine import Engine
-    from .tasks.game24 import Game24, load_puzzles
-    from .verify import LayerRecorder
-
-    problem = Game24()
-    labels = list(problem.labels)
-    w = np.asarray([problem.labels[k] for k in labels])
-    engine = Engine(lm, RKSCConfig(kv_sharing="exact"))
-    trajs: list = []
-    index: dict[str, int] = {}
-    skip = set(skip_prompts)
-    steps: list[list[dict]] = []
-    t0 = time.perf_counter()
-    nid = 0
-    for k, puzzle in enumerate(load_puzzles(start, end)):
-        frontier = [(0, problem.initial_state(puzzle))]
-        values: dict[str, float] = {}
-        for depth in range(1, problem.max_depth):
-            cands = []
-            for parent, state in frontier:
-                for thought, left in legal_moves(state.numbers):
-                    nid += 1
-                    child = type(state)(puzzle=state.puzzle, numbers=left, steps=state.steps + (thought,))
-                    cands.append((nid, parent, child, problem.value_prompt(child)))
-            new = sorted({q for *_, q in cands if q not in index and q not in skip})
-            if new:
-                rec = LayerRecorder()
-                scores = engine.score(new, labels, exit_rule=rec)
-                for q, traj, s in zip(new, rec.rows(), scores):
-                    index[q] = len(trajs)
-                    trajs.append(traj + [[s.probs[x] for x in labels]])
-            step = [{"node": n, "parent": par, "conf": 0.0, "call": index[q], "value": None}
-                    for n, par, _, q in cands if q in index]
-            steps.append(step)
-            full = {c["node"]: float(np.asarray(trajs[c["call"]][-1]) @ w) for c in step}
-            keep = set(_top(full, breadth))
-            frontier = [(n, st) for n, _, st, _ in cands if n in keep]
-        log(f"  [{k + 1}/{end - start}] {puzzle}: {len(trajs)} calls so far ({time.perf_counter() - t0:.0f}s)")
-        ds = Dataset(task="game24", model=lm.name, labels=labels, weights=w.tolist(),
-                     traj=np.asarray(trajs, dtype=np.float64), steps=steps, breadth=breadth,
-                     meta={"range": f"{start}:{start + k + 1}", "proposer": "legal", "prompts": list(index)})
-        if checkpoint is not None:
-            checkpoint(ds)
-    return ds
-
-
-CHOICE_PROMPT = "Answer the question with the letter of the correct choice.\nQuestion: {question}\n{choices}\nAnswer:"
-
-
-def choice_prompt(question: str, choices: tuple[str, ...]) -> str:
-    """The zero-shot multiple-choice prompt whose next token is scored over " A".." D"."""
-    lines = "\n".join(f"{'ABCDE'[i]}. {c}" for i, c in enumerate(choices))
-    return CHOICE_PROMPT.format(question=question, choices=lines)
-
-
-def collect_choice(lm, task: str, start: int, end: int, *, log=print, batch: int = 8) -> Dataset:
-    """Score the answer letter of ARC / MMLU-STEM rows [start, end) with full passes.
-
-    Each row is scored over its own letters (" A".." C" for 3 choices, up to " E"); the recorded
-    distributions are padded with zeros to the most letters in the range, which changes neither
-    an entropy nor an argmax, so every row counts (ARC has rows with 3 and 5 choices)."""
-    from .config import RKSCConfig
-    from .engine import Engine
-    from .tasks import datasets
-    from .verify import LayerRecorder
-
-    loader = {"arc": datasets.load_arc, "mmlu": datasets.load_mmlu_stem}[task]
-    items = loader(start, end)
-    width = max(len(it.choices) for it in items)
-    labels = [f" {x}" for x in "ABCDE"[:width]]
-    engine = Engine(lm, RKSCConfig(kv_sharing="exact"))
-    trajs: list = [None] * len(items)
-    correct = 0
-    done = 0
-    t0 = time.perf_counter()
-    for k in sorted({len(it.choices) for it in items}):
-        rows = [i for i, it in enumerate(items) if len(it.choices) == k]
-        mine = labels[:k]
-        for lo in range(0, len(rows), batch):
-            chunk = rows[lo:lo + batch]
-            rec = LayerRecorder()
-            prompts = [choice_prompt(items[i].question, items[i].choices) for i in chunk]
-            scores = engine.score(prompts, mine, exit_rule=rec)
-            pad = [0.0] * (width - k)
-            for i, traj, sc in zip(chunk, rec.rows(), scores):
-                trajs[i] = [p + pad for p in traj] + [[sc.probs[x] for x in mine] + pad]
-                correct += max(mine, key=lambda x: sc.probs[x]).strip() == items[i].answer
-            done += len(chunk)
-            if (lo // batch) % 10 == 0:
-                log(f"  [{done}/{len(items)}] ({time.perf_counter() - t0:.0f}s)")
-    return Dataset(task=task, model=lm.name, labels=labels, weights=None, traj=np.asarray(trajs, dtype=np.float64),
-                   meta={"range": f"{start}:{end}", "accuracy": correct / max(1, len(items)),
-                         "choices": {str(k): sum(len(it.choices) == k for it in items)
-                                     for k in sorted({len(it.choices) for it in items})}})
 
 
 # -- offline replay of the rules ---------------------------------------------------------------------
@@ -373,7 +166,7 @@ def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None, calls: np.nd
                 in_skipped_set.add(c["call"])
                 if (c["node"] == members[i]["node"]) != (c["node"] == best_full):
                     call_errors_skip.add(c["call"])
-        if _top(qv, ds.breadth) != _top(fv, ds.breadth):
+        if top_b(qv, ds.breadth) != top_b(fv, ds.breadth):
             step_errors += 1
     verified = np.ones(n, dtype=bool)
     verified[list(in_skipped_set - in_verified_set)] = False
@@ -384,10 +177,6 @@ def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None, calls: np.nd
     return Outcome(calls=int(mask.sum()), skipped=int((~verified & mask).sum()),
                    layers_run=int(ex[verified & mask].sum()), layers_full=int((verified & mask).sum()) * num_layers,
                    call_errors=call_errors, steps=len(ds.steps), step_errors=step_errors)
-
-
-def _top(values: dict, b: int) -> set:
-    return set(sorted(values, key=lambda k: (-values[k], k))[:b])
 
 
 def fit(ds: Dataset, target_error: float = TARGET_ERROR) -> tuple[Thresholds, Outcome]:
@@ -451,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="game24: 'model' runs real ToT searches (slow on CPU); 'legal' proposes every legal move "
                         "and verifies with the model (many real verification calls, no Level 1 data)")
     p.add_argument("--breadth", type=int, default=5, help="BFS breadth of the calibration searches (default 5)")
+    p.add_argument("--group", type=int, default=8,
+                   help="game24 with --proposer model: puzzles searched together, one batched engine call per "
+                        "depth (default 8; 1 = one Searcher per puzzle)")
     p.add_argument("--out", default=None, metavar="PATH",
                    help="calibration file (default: the shipped one for the model)")
     p.add_argument("--save-calls", default=None, metavar="PATH", help="also write the collected calls as JSON")
@@ -467,6 +259,9 @@ def _collect(args, lm, rng: tuple[int, int], skip_prompts=(), checkpoint=None) -
     if args.task == "game24" and args.proposer == "legal":
         return collect_game24_oracle(lm, *rng, breadth=args.breadth, log=_log, skip_prompts=skip_prompts,
                                      checkpoint=checkpoint)
+    if args.task == "game24" and args.group > 1:
+        return collect_game24_batched(lm, *rng, breadth=args.breadth, group=args.group, log=_log,
+                                      checkpoint=checkpoint)
     if args.task == "game24":
         return collect_game24(lm, *rng, breadth=args.breadth, log=_log, checkpoint=checkpoint)
     return collect_choice(lm, args.task, *rng, log=_log)
