@@ -80,6 +80,7 @@ def cmd_game24(args, lm) -> None:
             "budget": {"cache_budget": budget, "fraction_of_peak": round(budget / st["peak_kv_bytes"], 4),
                        "same_tree": same,
                        "same_answer": tight.answer == full.answer, "prefill": tt["prefill_tokens"],
+                       "prefill/unbounded": round(tt["prefill_tokens"] / max(1, st["prefill_tokens"]), 4),
                        "recomputed": tt["recomputed_tokens"],
                        "recomputed/prefill": round(tt["recomputed_tokens"] / max(1, tt["prefill_tokens"]), 4),
                        "evicted_blocks": tt["evicted_blocks"], "peak_kv_bytes": tt["peak_kv_bytes"],

@@ -35,6 +35,38 @@ def test_blocks_are_counted_whole_and_ids_are_consecutive_runs():
     store.check_invariants()
 
 
+def test_a_segment_resident_for_a_prefix_holds_and_frees_only_those_blocks():
+    # root -- A[1..10] (3 block ids: 0 1 2) resident for 5 tokens, then 9, then evicted
+    store = KVStore(bytes_per_token=BPT, block_size=BS)
+    a, _ = store.insert([], list(range(1, 11)), kv(5))
+    assert a.resident_len == 5 and store.bytes_held == 2 * BS * BPT
+    b, _ = store.insert([(a, 4)], [99, 98], kv(2))  # a child inside the resident part is fine
+    with pytest.raises(AssertionError, match="refill ancestors first"):
+        store.insert([(a, 7)], [97], kv(1))  # a child beyond it needs A resident up to 7 first
+    store.refill(a, kv(9))
+    assert a.resident_len == 9 and store.bytes_held == (3 + 1) * BS * BPT
+    assert store.pinned_bytes([(a, 10)]) == 3 * BS * BPT  # all 10 tokens fit in A's 3 blocks
+    store.evict(b)
+    store.evict(a)
+    assert store.eviction_log == [3, 0, 1, 2] and store.evicted_blocks == 4 and store.bytes_held == 0
+    store.check_invariants()
+
+
+def test_can_hold_counts_only_what_eviction_could_free():
+    # root -- A[1..4] owned by 1 -- B[5..8] free ; C[9..12] free and pinned
+    store = KVStore(bytes_per_token=BPT, block_size=BS, budget=4 * BS * BPT)
+    a, _ = store.insert([], [1, 2, 3, 4], kv(4))
+    b, _ = store.insert([(a, 4)], [5, 6, 7, 8], kv(4))
+    c, _ = store.insert([], [9, 10, 11, 12], kv(4))
+    store.acquire(1, (a, 4))
+    store.pin([(c, 4)])
+    assert store.reclaimable_bytes() == 2 * BS * BPT  # A and B; C is pinned
+    assert store.reclaimable_bytes(free_only=True) == BS * BPT  # B only: A is owned
+    assert store.can_hold(3 * BS * BPT) and not store.can_hold(4 * BS * BPT)
+    assert store.can_hold(2 * BS * BPT, free_only=True) and not store.can_hold(3 * BS * BPT, free_only=True)
+    store.check_invariants()
+
+
 def test_refs_count_owners_once_and_free_exactly_at_last_release():
     # root -- A[1 2 3 4] -- B[5 6]      owners: 10 holds B (so A too), 11 holds A
     store = KVStore(bytes_per_token=BPT, block_size=BS)
@@ -94,6 +126,8 @@ def test_pinned_owner_pins_what_it_holds_until_released():
 
 op = st.one_of(
     st.tuples(st.just("insert"), st.integers(0, 30), st.lists(st.integers(1, 3), min_size=1, max_size=9)),
+    st.tuples(st.just("insert_part"), st.integers(0, 30), st.lists(st.integers(1, 3), min_size=1, max_size=9)),
+    st.tuples(st.just("extend"), st.integers(0, 30), st.integers(0, 0)),
     st.tuples(st.just("acquire"), st.integers(0, 4), st.integers(0, 30)),
     st.tuples(st.just("release"), st.integers(0, 4), st.integers(0, 0)),
     st.tuples(st.just("pin"), st.integers(0, 30), st.integers(0, 0)),
@@ -112,19 +146,19 @@ def test_pool_invariants_hold_after_every_operation(budget_blocks, ops):
     pins: list = []  # chains pinned by this test
     for name, x, y in ops:
         pinned_before = {s.id for s in store.segments.values() if s.pins > 0 and s.resident}
-        if name == "insert":
+        if name in ("insert", "insert_part"):  # insert_part: K/V for the first half of the new tokens only
             chain = [] if not handles else handles[x % len(handles)][0].context_chain(handles[x % len(handles)][1])
             ctx = [t for s, used in chain for t in s.tokens[:used]]
             walk, _ = store.lookup(ctx + y)
-            if any(not s.resident for s, _ in walk):
+            if any(used > s.resident_len for s, used in walk):
                 continue  # the engine refills what the new tokens run through before inserting
             try:
-                end = store.insert(chain, y, kv(len(y)))
+                end = store.insert(chain, y, kv(len(y) if name == "insert" else max(1, len(y) // 2)))
             except CacheBudgetError:  # only when all that is left is the new tokens' own context
                 assert {s.id for s in store.evictable()} <= {s.id for s, _ in walk}
             else:
                 if end[0].resident:
-                    handles.append(end)
+                    handles.append((end[0], min(end[1], end[0].resident_len)))
         elif name == "acquire" and handles:
             seg, used = handles[y % len(handles)]
             before = seg.refs
@@ -135,10 +169,17 @@ def test_pool_invariants_hold_after_every_operation(budget_blocks, ops):
             freed = store.release(x)
             expect = sorted(i for i, o in owners_before.items() if o == {x})
             assert [s.id for s in freed] == expect  # freed exactly when the last owner let go
+        elif name == "extend" and handles:  # make a partly resident segment resident in full
+            seg = handles[x % len(handles)][0]
+            if 0 < seg.resident_len < len(seg):
+                try:
+                    store.refill(seg, kv(len(seg)))
+                except CacheBudgetError:  # only when nothing evictable is left outside its context
+                    assert {s.id for s in store.evictable()} <= {s.id for s, _ in seg.context_chain()}
         elif name == "pin" and handles:
             seg, used = handles[x % len(handles)]
             chain = seg.context_chain(used)
-            if all(s.resident for s, _ in chain):
+            if all(u <= s.resident_len for s, u in chain):
                 store.pin(chain)
                 pins.append(chain)
         elif name == "unpin" and pins:

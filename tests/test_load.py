@@ -1,7 +1,7 @@
 """Load: a search of more than 2,000 nodes under a tight KV budget (about a tenth of what the
 unbounded run holds) completes with the budget respected, every node's text and token context
-kept, and counters that add up. Also: a budget too small for one batch fails at the start with the
-minimum named.
+kept, and counters that add up. Also: a budget too small for the root prompt (the one thing that
+must stay cached) fails at the start with the minimum named, and that minimum runs the search.
 
 Runs torch single-threaded (restored afterwards): on a shared 2-core machine torch's spinning
 worker threads multiply wall time several-fold without changing a result.
@@ -54,7 +54,7 @@ def test_two_thousand_nodes_under_a_tight_budget(tiny_lm, one_thread, capsys):
     assert len(tree) == 2193
     # the budget held and really was tight
     assert store.peak_held <= BUDGET and store.bytes_held <= BUDGET
-    assert st["evicted_blocks"] > 1000 and st["recomputed_tokens"] > 0
+    assert store.peak_held > 0.95 * BUDGET and st["evicted_blocks"] > 100 and st["recomputed_tokens"] > 0
     store.check_invariants()
     # no node text lost: every thought came from its parent's kept generation
     for n in tree.graph:
@@ -92,20 +92,23 @@ def test_counters_are_exact_without_sharing(tiny_lm, one_thread):
     assert st["decode_tokens"] == st["generated_tokens"] - len(expanded)
 
 
-def test_a_budget_below_one_batch_fails_at_start_naming_the_minimum(tiny_lm):
+def test_a_budget_below_the_root_prompt_fails_at_start_and_the_named_minimum_runs_the_whole_search(tiny_lm):
     problem = Words(width=4, depth=2, max_new_tokens=4)
 
     def run(budget):
         return Searcher(tiny_lm, problem, BFS(breadth=4), RKSCConfig(cache_budget=budget), progress=False).solve("cats")
 
-    with pytest.raises(CacheBudgetError, match=r"cache_budget=20000 bytes is smaller than one batch") as info:
-        run(20_000)
+    with pytest.raises(CacheBudgetError, match=r"cache_budget=5000 bytes cannot hold the K/V that must stay cached"
+                       ) as info:
+        run(5_000)
     assert info.value.partial_result.stats["model_calls"] == 0  # refused before any forward
     need = int(re.search(r"at least (\d+) bytes", str(info.value)).group(1))
-    assert need > 20_000
+    assert need > 5_000
     with pytest.raises(CacheBudgetError, match=f"at least {need} bytes"):
         run(need - 1)
-    try:  # the named minimum is enough for the first batch (a later, larger batch may need more)
-        run(need)
-    except CacheBudgetError as exc:
-        assert exc.partial_result.stats["model_calls"] > 0
+    # the named minimum (the root prompt's blocks) is enough for the whole search: whatever else
+    # does not fit is recomputed, and the tree is the unbounded one
+    tight, full = run(need), run(None)
+    assert [(n, d["thought"], d["status"]) for n, d in tight.tree.graph.nodes(data=True)] == \
+        [(n, d["thought"], d["status"]) for n, d in full.tree.graph.nodes(data=True)]
+    assert tight.stats["recomputed_tokens"] > 0 and full.stats["recomputed_tokens"] == 0

@@ -13,7 +13,7 @@ from treesearch.engine import Engine
 from treesearch.errors import CacheBudgetError
 from treesearch.kvstore import KVStore
 from treesearch.problem import Child, Problem
-from treesearch.rsbcm import LRUPolicy, RSBCMPolicy, omega
+from treesearch.rsbcm import UNSCORED, LRUPolicy, RSBCMPolicy, omega
 from treesearch.searcher import Searcher
 
 BPT, BS = 8, 4
@@ -26,7 +26,8 @@ def kv(n: int) -> torch.Tensor:
 def test_omega_is_score_over_depth_plus_one():
     assert omega(10.0, 1) == 5.0
     assert omega(0.9, 0) == 0.9
-    assert omega(None, 3) == math.inf
+    assert omega(None, 3) == UNSCORED
+    assert -math.inf < UNSCORED < omega(-1e300, 0)  # below every judged branch, above a free segment
 
 
 def build(scores: dict, policy=None) -> tuple[KVStore, dict]:
@@ -71,7 +72,7 @@ def test_shared_segment_takes_the_highest_omega_of_its_owners():
     store.check_invariants()
 
 
-def test_ties_go_least_recently_used_first_and_unscored_owners_last():
+def test_ties_go_least_recently_used_first_and_unscored_owners_right_after_free_segments():
     store, seg = build({1: 1.0, 3: 1.0, 2: 1.0})
     store.lookup([1, 2, 3, 4, 5, 6, 7, 8, 20, 21])  # B used now; A2 (same omega) was used earlier
     store.budget = 5 * BS * BPT
@@ -80,10 +81,10 @@ def test_ties_go_least_recently_used_first_and_unscored_owners_last():
     store.budget = 4 * BS * BPT
     store.make_room(0)
     assert store.eviction_log == [5, 3]  # then A2: same omega as B, used less recently
-    store2, _ = build({1: 1.0, 2: 1.0})  # owner 3 has no score yet: A2 and A are kept longest
-    store2.budget = 2 * BS * BPT
+    store2, _ = build({1: 1.0, 2: 1.0})  # owner 3 has no score yet: A2 goes right after the free C,
+    store2.budget = 2 * BS * BPT          # then A (omega 1 from owner 1, older) before B (omega 1)
     store2.make_room(0)
-    assert store2.eviction_log == [5, 4, 3, 2]
+    assert store2.eviction_log == [5, 3, 2, 4]
     store2.check_invariants()
 
 
@@ -108,17 +109,65 @@ def test_pinned_segments_are_never_evicted():
     store.check_invariants()
 
 
-def test_engine_budget_below_one_batch_fails_at_the_start_naming_the_minimum(tiny_lm):
+def test_engine_budget_that_holds_nothing_caches_nothing_and_recomputes_the_same_tokens(tiny_lm):
     prompt = "Once upon a time there was a small village by the sea"
     sampling = Sampling(max_new_tokens=8)
+    ref = Engine(tiny_lm, RKSCConfig()).generate([prompt], sampling)
+    eng = Engine(tiny_lm, RKSCConfig(cache_budget=1))
+    first = eng.generate([prompt], sampling)
+    assert first[0].token_ids == ref[0].token_ids
+    assert eng.store.bytes_held == 0 and not eng.store.resident_segments()
+    assert eng.stats.recomputed_tokens == 0
+    again = eng.generate([prompt], sampling)  # its tokens are known (not its K/V): computed again
+    assert again[0].token_ids == ref[0].token_ids
+    n = len(eng.tokenize(prompt))
+    assert eng.stats.recomputed_tokens == n - 1 and eng.stats.reused_tokens == 0
+    assert eng.stats.prefill_tokens == 2 * n
+    eng.store.check_invariants()
+
+
+def test_engine_recomputes_only_the_blocks_a_prompt_uses_of_a_longer_cached_run(tiny_lm):
+    first = "Once upon a time there was a small village by the sea, and in it lived an old fisherman"
+    second = "Once upon a time there was a small village by the sea, where the winters were long"
+    sampling = Sampling(max_new_tokens=4)
+    eng = Engine(tiny_lm, RKSCConfig(cache_budget=1))  # room for nothing: the first run is kept as tokens only
+    eng.generate([first], sampling)
+    a, b = eng.tokenize(first), eng.tokenize(second)
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    bs = eng.store.block_size
+    eng.store.budget = -(-shared // bs) * eng.store.block_bytes  # exactly the shared prefix's blocks
+    out = eng.generate([second], sampling)
+    assert out[0].token_ids == Engine(tiny_lm, RKSCConfig()).generate([second], sampling)[0].token_ids
+    (seg,) = [s for s in eng.store.resident_segments()]
+    assert seg.resident_len == shared < len(seg)  # only the part the second prompt uses came back
+    assert eng.stats.recomputed_tokens == shared and eng.stats.reused_tokens == shared
+    assert eng.store.bytes_held == eng.store.budget
+    eng.store.check_invariants()
+
+
+def test_engine_budget_below_a_pinned_prompt_fails_at_the_start_naming_the_minimum(tiny_lm):
+    prompt = "Once upon a time there was a small village by the sea"
+    sampling = Sampling(max_new_tokens=8)
+
+    def engine(budget):
+        eng = Engine(tiny_lm, RKSCConfig(cache_budget=budget))
+        eng.pin_owner("root")
+        return eng
+
     with pytest.raises(CacheBudgetError, match=r"at least (\d+) bytes") as info:
-        Engine(tiny_lm, RKSCConfig(cache_budget=1)).generate([prompt], sampling)
+        eng = engine(1)
+        eng.generate([prompt], sampling, owners=["root"])
+    assert eng.stats.model_calls == 0  # refused before any forward
     need = int(info.value.args[0].split("at least ")[1].split(" bytes")[0])
-    eng = Engine(tiny_lm, RKSCConfig(cache_budget=need))  # exactly the minimum is enough
-    out = eng.generate([prompt], sampling)
+    n = len(eng.tokenize(prompt))
+    assert need == -(-n // eng.store.block_size) * eng.store.block_bytes
+    eng = engine(need)  # exactly the minimum is enough, and the pinned prompt stays cached
+    out = eng.generate([prompt], sampling, owners=["root"])
     ref = Engine(tiny_lm, RKSCConfig()).generate([prompt], sampling)
     assert out[0].token_ids == ref[0].token_ids
-    assert eng.store.bytes_held <= need
+    assert eng.store.bytes_held == need
+    again = eng.generate([prompt + " and"], sampling)
+    assert again[0].reused_tokens == n and eng.stats.recomputed_tokens == 0
     eng.store.check_invariants()
 
 

@@ -12,11 +12,16 @@ The K/V of each row's new prompt tokens and of its fed-back generated tokens is 
 store (exact mode), so a child's context never recomputes its parent's.
 
 Memory (see `treesearch.kvstore` and `treesearch.rsbcm`): with `cache_budget` set, a call first
-checks that one batch fits (else `CacheBudgetError` naming the minimum), pins every chain it
-attends over until it returns, and the store evicts by RSBCM priority when an insert needs room;
-evicted segments met later are recomputed from their nearest resident ancestor
-(`stats.recomputed_tokens`). `stats.peak_kv_bytes` counts the store's blocks plus the running
-batch's own buffer (the transient K/V of its new tokens), the most K/V held at once.
+checks that what must stay cached fits (the pinned root prompt; else `CacheBudgetError` naming the
+minimum). Each row's cached chain is trimmed to what the budget can hold at once, down to whole
+blocks of a segment (the rest is computed again, counted in `stats.recomputed_tokens`), and
+pinned until the call returns; evicted segments it needs are recomputed from their nearest
+resident ancestor, evicting by RSBCM priority. The K/V a call computes in passing (new prompt
+tokens, generated tokens) is optional: it is kept, whole or its first blocks, only in room that
+displaces nothing owned; what does not fit is kept as tokens, recomputed if ever needed. So the
+cache never holds more than the budget, a budget holding only the root prompt still runs any
+search, and the result is the unbounded one. `stats.peak_kv_bytes` counts the store's blocks
+plus the running batch's own buffer (the transient K/V of its new tokens), the most K/V held at once.
 With `kv_sharing="asks"`, `_asks_attach` runs before the prefill (see `treesearch.asks`).
 """
 
@@ -87,6 +92,8 @@ class _Row:
     matched: int = 0
     asks_ref: int | None = None  # row (in this batch) whose K/V this row attached to
     asks_sigma: float | None = None
+    cut: int = 0  # cached tokens this row computes again because the budget cannot hold them now
+    must_store: bool = False  # its prompt's K/V must be cached (a pinned owner's, e.g. the root's)
 
 
 class Engine:
@@ -239,8 +246,10 @@ class Engine:
         return out
 
     # -- phases ----------------------------------------------------------------------------------
-    def _prepare(self, prompts: list[str], extra_tokens: int) -> list[_Row]:
+    def _prepare(self, prompts: list[str], extra_tokens: int, owners: list[Any] | None = None) -> list[_Row]:
         rows = [_Row(ids=self.tokenize(p)) for p in prompts]
+        for r, owner in zip(rows, owners or []):
+            r.must_store = owner is not None and owner in self._prompt_pins
         self._rows = rows
         for r, p in zip(rows, prompts):
             if not r.ids:
@@ -250,8 +259,8 @@ class Engine:
                     f"prompt of {len(r.ids)} tokens + {extra_tokens} new tokens exceeds the model's context of "
                     f"{self.lm.max_context}; shorten the prompt or lower max_new_tokens (prompt starts {p[:60]!r})")
         if self.config.shares:
+            self._check_budget(rows)
             self._lookup(rows)
-            self._check_budget(rows, extra_tokens)
             self._share_common_runs(rows)
             if self.config.kv_sharing == "asks":
                 self._asks_attach(rows)
@@ -259,6 +268,7 @@ class Engine:
                 self._pin(r.chain)
             for r in rows:
                 self._ensure_resident(r.chain)
+            self.stats.recomputed_tokens += sum(r.cut for r in rows)
         return rows
 
     def _record_asks(self, out: list, lo: int) -> None:
@@ -281,6 +291,9 @@ class Engine:
             self._pin(rows[i].chain)
         for i in order:
             self._ensure_resident(rows[i].chain)
+        need = sum(_ceil(ends[i] - rows[i].matched, self.store.block_size) for i in order) * self.store.block_bytes
+        if not self.store.can_hold(need, free_only=True):  # no free room for the pre-pass: no gate this call (exact only)
+            return
         hidden: list[torch.Tensor] = []
         batch, _ = self._prefill([rows[i].chain for i in order], [rows[i].ids[rows[i].matched:ends[i]] for i in order],
                                  [rows[i].matched for i in order], extra=0, want_logits=False, capture=hidden)
@@ -319,26 +332,60 @@ class Engine:
         self._call_pins = []
         self.stats.evicted_blocks = self.store.evicted_blocks
 
-    def _check_budget(self, rows: list[_Row], extra_tokens: int) -> None:
-        """Fail before any work when the budget cannot hold one batch: its chains, its new tokens'
-        blocks (prompt rest + fed-back generated tokens) and the permanently pinned segments."""
+    def _check_budget(self, rows: list[_Row]) -> None:
+        """Fail before any work when the budget cannot hold what must stay cached: the pinned
+        segments plus the context and prompt K/V of rows whose prompts are pinned (the root's).
+        Everything else is optional: `_lookup` trims chains to what fits, and K/V that does not
+        fit is not cached (its tokens are, so it is recomputed on demand)."""
         budget = self.store.budget
         if budget is None:
             return
-        chains = [pair for r in rows for pair in r.chain]
-        blocks = sum(_ceil(len(r.ids) - r.matched, self.store.block_size)
-                     + _ceil(max(0, extra_tokens - 1), self.store.block_size) for r in rows)
+        chains: Chain = []
+        blocks = 0
+        for r in rows:
+            if r.must_store:
+                chain, matched = self.store.lookup(r.ids)
+                chains += chain
+                blocks += _ceil(len(r.ids) - matched, self.store.block_size)
         need = self.store.pinned_bytes(chains) + blocks * self.store.block_bytes
         if need > budget:
             raise CacheBudgetError(
-                f"cache_budget={budget} bytes is smaller than one batch of {len(rows)} rows needs: at least "
-                f"{need} bytes ({need // self.store.bytes_per_token} tokens of K/V in blocks of "
-                f"{self.store.block_size}); raise --cache-budget to at least {need} or use smaller batches")
+                f"cache_budget={budget} bytes cannot hold the K/V that must stay cached (the root prompt and "
+                f"other pinned segments): at least {need} bytes ({need // self.store.bytes_per_token} tokens of "
+                f"K/V in blocks of {self.store.block_size}); raise --cache-budget to at least {need}")
 
     def _lookup(self, rows: list[_Row]) -> None:
+        """Each row's longest cached prefix, trimmed under a budget to what can be held at once
+        (pinned segments + the rows' chains + the must-store rows' new blocks); a row whose chain
+        is trimmed computes the rest again (`cut`, counted as recomputed)."""
         for r in rows:
             # keep at least one token per row to compute: its logits start the row's decoding
             r.chain, r.matched = self.store.lookup(r.ids, limit=len(r.ids) - 1)
+            r.cut = 0
+        store = self.store
+        if store.budget is None:
+            return
+        bs = store.block_size
+        upto = {s: s.resident_len for s in store.segments.values() if s.pins > 0}  # tokens held per segment
+        used = sum(store.tokens_bytes(n) for n in upto.values())
+        used += sum(store.tokens_bytes(len(r.ids) - r.matched) for r in rows if r.must_store)
+        for r in sorted(rows, key=lambda r: not r.must_store):
+            keep: Chain = []
+            for seg, u in r.chain:
+                have = upto.get(seg, 0)
+                base = max(have, seg.resident_len)  # pinning a segment holds all of its resident blocks
+                room = (store.budget - used) // store.block_bytes * store.block_bytes + store.tokens_bytes(have)
+                fit = min(u, max(base, room // store.block_bytes * bs)) if store.tokens_bytes(base) <= room else 0
+                if fit > 0:
+                    used += store.tokens_bytes(max(fit, base)) - store.tokens_bytes(have)
+                    upto[seg] = max(fit, base)
+                    keep.append((seg, fit))
+                if fit < u:
+                    break
+            if keep != r.chain:
+                matched = keep[-1][0].start + keep[-1][1] if keep else 0
+                r.cut = r.matched - matched
+                r.chain, r.matched = keep, matched
 
     def _share_common_runs(self, rows: list[_Row]) -> None:
         """Compute once the new-token runs that several rows share, then look the rows up again."""
@@ -364,6 +411,9 @@ class Engine:
                 return
             for run in runs:
                 self._pin(run[0])
+            need = sum(_ceil(len(run[1]), self.store.block_size) for run in runs) * self.store.block_bytes
+            if not self.store.can_hold(need):  # no room for the shared runs: each row computes its own
+                return
             for run in runs:
                 self._ensure_resident(run[0])
             self._prefill_runs(runs)
@@ -377,6 +427,33 @@ class Engine:
         self.store.note_peak(batch.nbytes)
         for b, (_, _, start, ids) in enumerate(runs):
             self._insert(ids, start, batch.row_kv(b, 0, lens[b]))
+
+    def _store_kv(self, ids: list[int], start: int, kv: Any, *, free_only: bool = False) -> Handle:
+        """Cache the K/V of ids[start:] (or its first whole blocks) where the budget has room,
+        else record only the tokens (a non-resident segment, recomputed if it is ever needed).
+
+        free_only: K/V computed in passing (a new prompt's, a generation's) is optional and takes
+        only room that displaces nothing owned: free budget or segments no owner holds. Owned K/V
+        is evicted, lowest omega first (RSBCM), only for what must be cached: the context a
+        running call attends over and pinned prompts. Otherwise every new prompt would push out
+        the shared templates that all later prompts reuse (LRU breaks omega ties against them)."""
+        store = self.store
+        chain, m = store.lookup(ids)
+        self._pin(chain)
+        need = sum(store.tokens_bytes(u) - store.resident_bytes(s) for s, u in chain if u > s.resident_len)
+        if store.can_hold(need + store.tokens_bytes(len(ids) - m), free_only=free_only):
+            return self._insert(ids, start, kv)
+        if m < len(ids) and store.can_hold(need + store.block_bytes, free_only=free_only):
+            # room for part of it: cache the new tokens' first whole blocks that fit
+            room = store.budget - (store.bytes_held - store.reclaimable_bytes(free_only=free_only)) - need
+            k = min(len(ids) - m, room // store.block_bytes * store.block_size)
+            self._ensure_resident(chain, known=(start, kv))
+            end = store.insert(chain, ids[m:], kv[:, :, :, m - start:m - start + k])
+            self._pin([end])
+            return end
+        if m == len(ids):
+            return chain[-1]
+        return store.insert(chain, ids[m:], None)
 
     def _insert(self, ids: list[int], start: int, kv: Any) -> Handle:
         """Store the K/V of ids[start:] (given as kv) after the cached ids[:start]; returns the end
@@ -392,21 +469,24 @@ class Engine:
         return end
 
     def _ensure_resident(self, chain: Chain, known: tuple[int, Any] | None = None) -> None:
-        """Recompute evicted segments of a chain from their nearest cached ancestor.
+        """Make each chain segment resident up to the tokens the chain uses, recomputing what is
+        missing from its nearest cached ancestor (counted as recomputed).
 
-        known=(start, kv): the K/V of absolute positions start.. (a segment inside it is refilled
-        from it instead of recomputed)."""
-        for i, (seg, _) in enumerate(chain):
-            if seg.kv is not None:
+        known=(start, kv): the K/V of absolute positions start.. (a segment part inside it is
+        refilled from it instead of recomputed)."""
+        for i, (seg, used) in enumerate(chain):
+            have = seg.resident_len
+            if have >= used:
                 continue
-            if known is not None and seg.start >= known[0] and seg.start + len(seg) <= known[0] + known[1].shape[3]:
-                lo = seg.start - known[0]
-                self.store.refill(seg, known[1][:, :, :, lo:lo + len(seg)])
-                continue
-            prefix = [(s, u) for s, u in chain[:i]]
-            batch, _ = self._prefill([prefix], [list(seg.tokens)], [seg.start], extra=0, want_logits=False)
-            self.store.refill(seg, batch.row_kv(0, 0, len(seg.tokens)))
-            self.stats.recomputed_tokens += len(seg.tokens)
+            lo, hi = seg.start + have, seg.start + used  # absolute positions missing
+            if known is not None and lo >= known[0] and hi <= known[0] + known[1].shape[3]:
+                new = known[1][:, :, :, lo - known[0]:hi - known[0]]
+            else:
+                prefix = list(chain[:i]) + ([(seg, have)] if have else [])
+                batch, _ = self._prefill([prefix], [list(seg.tokens[have:used])], [lo], extra=0, want_logits=False)
+                new = batch.row_kv(0, 0, used - have)
+                self.stats.recomputed_tokens += used - have
+            self.store.refill(seg, torch.cat([seg.kv, new], dim=3) if have else new)
 
     def _prefill(self, chains: list[Chain], news: list[list[int]], starts: list[int], *, extra: int,
                  want_logits: bool, exit_rule=None, label_ids=None, capture: list | None = None):
@@ -498,7 +578,7 @@ class Engine:
 
     def _generate_batch(self, prompts: list[str], sampling: Sampling, seeds: list[int],
                         owners: list[Any] | None) -> list[Generation]:
-        rows = self._prepare(prompts, sampling.max_new_tokens)
+        rows = self._prepare(prompts, sampling.max_new_tokens, owners)
         news = [r.ids[r.matched:] for r in rows]
         lens = [len(t) for t in news]
         nmax = max(lens)
@@ -508,7 +588,7 @@ class Engine:
         ends: list[Handle | None] = [None] * len(rows)
         if self.config.shares:
             for b, r in enumerate(rows):
-                ends[b] = self._insert(r.ids, r.matched, batch.row_kv(b, 0, lens[b]))
+                ends[b] = self._store_kv(r.ids, r.matched, batch.row_kv(b, 0, lens[b]), free_only=not r.must_store)
             self._pin_prompts(ends, owners)
             self.store.note_peak(batch.nbytes)
         gens: list[list[int]] = [[] for _ in rows]
@@ -563,11 +643,12 @@ class Engine:
         return results
 
     def _keep_generated(self, batch: BatchKV, j: int, b: int, row: _Row, end, gen: list[int], nmax: int):
-        """Store the K/V of a finished row's fed-back tokens (all generated but the last)."""
+        """Store the K/V of a finished row's fed-back tokens (all generated but the last), under a
+        budget only into room that displaces nothing owned (see `_store_kv`)."""
         fed = len(gen) - 1
         if not self.config.shares or fed <= 0 or end is None:
             return end
-        end = self._insert(row.ids + gen[:fed], len(row.ids), batch.row_kv(j, nmax, nmax + fed))
+        end = self._store_kv(row.ids + gen[:fed], len(row.ids), batch.row_kv(j, nmax, nmax + fed), free_only=True)
         self.store.note_peak(batch.nbytes)
         return end
 
@@ -581,7 +662,7 @@ class Engine:
         return None
 
     def _score_batch(self, prompts, labels, label_ids, owners, exit_rule) -> list[Score]:
-        rows = self._prepare(prompts, 0)
+        rows = self._prepare(prompts, 0, owners)
         news = [r.ids[r.matched:] for r in rows]
         batch, out = self._prefill([r.chain for r in rows], news, [r.matched for r in rows],
                                    extra=0, want_logits=True, exit_rule=exit_rule, label_ids=label_ids)
@@ -597,7 +678,7 @@ class Engine:
             full = layers_run == self.lm.num_layers
             end = None
             if self.config.shares and full:  # a row cut short stores no K/V
-                end = self._insert(r.ids, r.matched, batch.row_kv(brow, 0, len(news[b])))
+                end = self._store_kv(r.ids, r.matched, batch.row_kv(brow, 0, len(news[b])), free_only=not r.must_store)
             if full:
                 raw = {lab: float(probs[0, i]) for lab, i in zip(labels, label_ids)}
             else:

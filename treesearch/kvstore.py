@@ -14,8 +14,10 @@ tensor per segment (rather than a pool tensor of blocks) is what keeps attention
 segment is one contiguous run of blocks, read in place by one matmul per layer.
 
 Blocks: a segment of n tokens occupies ceil(n / block_size) blocks; it receives that many
-consecutive block ids when created (`block_ids`), which it keeps for life. Memory is accounted
-and evicted in whole blocks (the tail block counts whole even when partly filled), and a segment's
+consecutive block ids when created (`block_ids`), which it keeps for life. A segment may be
+resident for a prefix of its tokens only (`resident_len`: K/V of tokens[:k]), so a budget pays
+for the blocks a context uses, not for the whole run it was computed in. Memory is accounted in
+whole blocks (the tail block counts whole even when partly filled), and a segment's resident
 blocks are evicted together.
 
 Protocol (enforced here with asserts naming the segment; relied on by the engine and RSBCM):
@@ -31,7 +33,7 @@ Protocol (enforced here with asserts naming the segment; relied on by the engine
    never evicted; `unpin` more often than `pin` is a bug.
 5. Residency is closed under ancestors: only a resident, unpinned segment without resident
    children (a leaf of the resident tree) is evictable, so a resident segment's context is always
-   resident or the store root.
+   resident or the store root (a resident child's parent is resident at least up to parent_len).
 6. Budget: `bytes_held` (resident blocks x block bytes) never exceeds `budget`. `refill` first
    calls `make_room`, which evicts evictable segments in increasing `policy(segment)` key order
    (the policy lives in `treesearch.rsbcm`; this loop knows nothing of scores). When nothing more
@@ -71,6 +73,11 @@ class Segment:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def resident_len(self) -> int:
+        """Tokens (a prefix of `tokens`) whose K/V is held; 0 when evicted."""
+        return 0 if self.kv is None else int(self.kv.shape[3])
 
     @property
     def refs(self) -> int:
@@ -186,7 +193,7 @@ class KVStore:
             next(self._blocks)
         parent.children[(off, tokens[i])] = seg
         self.segments[seg.id] = seg
-        if kv is not None:
+        if kv is not None and kv.shape[3] > i:  # kv may cover only a prefix of the new tokens
             self.refill(seg, kv[:, :, :, i:] if i else kv)
         return seg, len(seg.tokens)
 
@@ -198,21 +205,33 @@ class KVStore:
         return list(range(seg.first_block, seg.first_block + self.blocks(seg)))
 
     def segment_bytes(self, seg: Segment) -> int:
+        """Bytes of the whole segment when resident in full."""
         return self.blocks(seg) * self.block_bytes
 
+    def tokens_bytes(self, n: int) -> int:
+        """Bytes of the blocks that n tokens of one segment occupy."""
+        return -(-n // self.block_size) * self.block_bytes
+
+    def resident_bytes(self, seg: Segment) -> int:
+        return self.tokens_bytes(seg.resident_len)
+
     def refill(self, seg: Segment, kv: Any) -> None:
-        """Give a segment its K/V (after creation or recomputation), evicting others to make room."""
-        assert kv.shape[3] == len(seg.tokens), f"segment {seg.id}: kv has {kv.shape[3]} tokens, expected {len(seg.tokens)}"
-        assert seg.parent is self.root or seg.parent.kv is not None, \
+        """Give a segment the K/V of tokens[:k] (k = kv's length, at least what it holds now), after
+        creation or recomputation, evicting others to make room for the added blocks."""
+        k = kv.shape[3]
+        assert seg.resident_len <= k <= len(seg.tokens), \
+            f"segment {seg.id}: kv has {k} tokens, expected {seg.resident_len}..{len(seg.tokens)}"
+        assert seg.parent is self.root or seg.parent.resident_len >= seg.parent_len, \
             f"segment {seg.id}: parent {seg.parent.id} is evicted; refill ancestors first (note 5)"
-        if seg.kv is None:
+        add = self.tokens_bytes(k) - self.resident_bytes(seg)
+        if add > 0:
             path = seg.context_chain()  # the segment and its context are not candidates for its room
             self.pin(path)
             try:
-                self.make_room(self.segment_bytes(seg))
+                self.make_room(add)
             finally:
                 self.unpin(path)
-            self.bytes_held += self.segment_bytes(seg)
+            self.bytes_held += add
             self.peak_held = max(self.peak_held, self.bytes_held)
             self.peak_bytes = max(self.peak_bytes, self.bytes_held)
         seg.kv = kv.contiguous()
@@ -224,11 +243,12 @@ class KVStore:
             return 0
         assert not any(c.kv is not None for c in seg.children.values()), \
             f"segment {seg.id} has resident children; evict leaves first (note 5)"
+        freed = self.resident_bytes(seg)
+        blocks = freed // self.block_bytes
         seg.kv = None
-        freed = self.segment_bytes(seg)
         self.bytes_held -= freed
-        self.evicted_blocks += self.blocks(seg)
-        self.eviction_log.extend(self.block_ids(seg))
+        self.evicted_blocks += blocks
+        self.eviction_log.extend(self.block_ids(seg)[:blocks])
         return freed
 
     def evictable(self) -> list[Segment]:
@@ -313,10 +333,33 @@ class KVStore:
             seg.pins -= 1
 
     def pinned_bytes(self, extra: Chain | None = None) -> int:
-        """Bytes of segments that cannot be evicted: pinned ones plus the given chain's."""
-        segs = {s for s in self.segments.values() if s.pins > 0}
-        segs.update(s for s, _ in (extra or []))
-        return sum(self.segment_bytes(s) for s in segs)
+        """Bytes that cannot be evicted: the pinned segments' resident blocks, plus the given
+        chain's segments resident at least up to the tokens it uses."""
+        upto = {s: s.resident_len for s in self.segments.values() if s.pins > 0}
+        for s, used in extra or []:
+            upto[s] = max(upto.get(s, s.resident_len), used)
+        return sum(self.tokens_bytes(n) for n in upto.values())
+
+    def reclaimable_bytes(self, *, free_only: bool = False) -> int:
+        """Bytes `make_room` could free now: resident, unpinned segments with no pinned resident
+        segment below them (a pinned segment keeps its whole context resident, note 5); with
+        free_only, only segments no owner holds (no owned segment below them either)."""
+        blocked: set[int] = set()
+        for s in self.segments.values():
+            if s.kv is not None and (s.pins > 0 or (free_only and s.owners)):
+                p = s
+                while p is not None and p.id not in blocked:
+                    blocked.add(p.id)
+                    p = p.parent
+        return sum(self.resident_bytes(s) for s in self.segments.values() if s.kv is not None and s.id not in blocked)
+
+    def can_hold(self, nbytes: int, *, free_only: bool = False) -> bool:
+        """Whether `nbytes` more fit in the budget once everything evictable (with free_only: only
+        what no owner holds, which `make_room` evicts first) is evicted. Checked before storing
+        optional K/V, so a full cache skips caching instead of failing."""
+        if self.budget is None:
+            return True
+        return self.bytes_held - self.reclaimable_bytes(free_only=free_only) + nbytes <= self.budget
 
     def note_peak(self, extra_bytes: int = 0) -> None:
         """Record a peak including transient bytes (a running batch's own K/V)."""
@@ -327,7 +370,7 @@ class KVStore:
 
     def check_invariants(self) -> None:
         """Recompute the accounting from scratch and compare (for tests)."""
-        held = sum(self.segment_bytes(s) for s in self.segments.values() if s.kv is not None)
+        held = sum(self.resident_bytes(s) for s in self.segments.values() if s.kv is not None)
         assert held == self.bytes_held, f"bytes_held {self.bytes_held} != recomputed {held}"
         if self.budget is not None:
             assert self.bytes_held <= self.budget, f"bytes_held {self.bytes_held} > budget {self.budget}"
@@ -346,6 +389,6 @@ class KVStore:
             assert s.parent is not None and s.parent.children.get((s.parent_len, s.tokens[0])) is s
             assert s.start == s.parent.start + s.parent_len
             if s.kv is not None:
-                assert s.parent is self.root or s.parent.kv is not None, \
-                    f"segment {s.id} is resident but its parent {s.parent.id} is not (note 5)"
-                assert s.kv.shape[3] == len(s.tokens)
+                assert s.parent is self.root or s.parent.resident_len >= s.parent_len, \
+                    f"segment {s.id} is resident but its parent {s.parent.id} is not up to {s.parent_len} (note 5)"
+                assert 0 < s.kv.shape[3] <= len(s.tokens)

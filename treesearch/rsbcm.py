@@ -15,7 +15,11 @@ as valuable as that branch). The key of a segment is
     (omega_max, last_use, id)      lowest evicted first
 
 - owners none (every owner let go, e.g. the branch was pruned): omega = -inf, evicted first;
-- an owner not yet scored: omega = +inf (it has not been judged; it goes after every judged one);
+- an owner not yet scored: omega = UNSCORED, below every judged branch but above free segments.
+  Such K/V is a fresh generation's; where it is reused at all (chain-style prompts) that happens
+  in the evaluation right after the expansion, while the engine call pins it. In template-style
+  problems (Game of 24) it is never reused, so ranking it above the shared templates would evict
+  the templates and recompute them;
 - ties on omega: least recently used first (a logical clock, never wall time), then lowest id.
 
 `priority(owner)` is a callback installed by whoever knows the tree (the Searcher):
@@ -26,16 +30,20 @@ as valuable as that branch). The key of a segment is
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Hashable
 from typing import Any
 
 Priority = Callable[[Hashable], "float | None"]
 
 
+UNSCORED = -sys.float_info.max  # omega of a branch not scored yet: the lowest of any owned segment
+
+
 def omega(score: float | None, depth: int) -> float:
-    """omega = score / (depth + 1); +inf for a branch that has no score yet."""
+    """omega = score / (depth + 1); UNSCORED for a branch that has no score yet."""
     if score is None:
-        return math.inf
+        return UNSCORED
     return float(score) / (depth + 1)
 
 
@@ -47,9 +55,9 @@ class RSBCMPolicy:
 
     def owner_omega(self, owner: Hashable) -> float:
         if self.priority is None:
-            return math.inf
+            return UNSCORED
         w = self.priority(owner)
-        return math.inf if w is None else float(w)
+        return UNSCORED if w is None else float(w)
 
     def segment_omega(self, seg: Any) -> float:
         """Highest omega among the segment's owners; -inf when no owner holds it."""
