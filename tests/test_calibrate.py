@@ -187,3 +187,29 @@ def test_batched_game24_collection_equals_one_searcher_per_puzzle(tiny_lm):
     confs = [c["conf"] for c in batched.steps[0]]
     assert len(set(confs)) > 1  # siblings of one generation carry their own words' confidences
     assert sorted(batched.meta["prompts"]) == sorted(ref.meta["prompts"])
+
+
+def _settled(n: int, flip: int | None = None) -> Dataset:
+    """n calls over 3 layers, settled on label a from layer 1; call `flip` turns to b at the last."""
+    traj = np.tile(np.array([[0.999, 0.001], [0.999, 0.001], [0.998, 0.002]]), (n, 1, 1))
+    if flip is not None:
+        traj[flip, 2] = [0.4, 0.6]
+    return Dataset(task="arc", model="m", labels=["a", "b"], weights=None, traj=traj)
+
+
+def test_a_fit_that_errs_on_held_out_calls_is_rejected(tmp_path):
+    cal, held, out = tmp_path / "cal.json", tmp_path / "held.json", tmp_path / "m.json"
+    cal.write_text(json.dumps(_settled(1000).to_json()))
+    held.write_text(json.dumps(_settled(1000, flip=7).to_json()))
+    assert main(["--calls", str(cal), "--eval-calls", str(held), "--out", str(out)]) == 0
+    entry = json.loads(out.read_text())["tasks"]["arc"]
+    assert entry["rejected"]["thresholds"]["min_layer"] == 2  # exits at layer 2 were safe on calibration ...
+    assert entry["rejected"]["heldout"]["call_errors"] == 1  # ... and flipped one held-out call
+    assert "1 errors in 1000 held-out calls" in entry["rejected"]["why"]
+    assert (entry["min_layer"], entry["tau_conf"]) == (3, 1.01)  # shipped: never exit, never skip
+    assert entry["heldout"]["call_errors"] == 0 and entry["heldout"]["layer_fraction"] == 1.0
+    held.write_text(json.dumps(_settled(1000).to_json()))
+    assert main(["--calls", str(cal), "--eval-calls", str(held), "--out", str(out)]) == 0
+    entry = json.loads(out.read_text())["tasks"]["arc"]
+    assert "rejected" not in entry and entry["min_layer"] == 2
+    assert entry["heldout"]["layer_fraction"] == pytest.approx(2 / 3)

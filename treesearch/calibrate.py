@@ -16,11 +16,15 @@ and measure their decision error on held-out calls.
    With no safe exit the fit returns min_layer = L (never exit) and tau_conf > 1 (never skip).
 3. Report the skip rate, the mean fraction of verifier layers run, and the observed decision
    error k/n with its 95% Clopper-Pearson upper bound, on the calibration set and (with
-   --eval-range) on held-out calls.
+   --eval-range) on held-out calls. A fit that changes a held-out BFS selection, or whose held-out
+   upper bound exceeds --target-error (any error in 1,000 calls does, for 0.37%), is rejected:
+   the file then keeps CGEE off for the task and records the rejected fit and its figures.
+   Game of 24 value prompts repeat across puzzles, so the held-out figures are also given over
+   the calls whose prompt the calibration set never saw ("unseen").
 The fitted values are merged into treesearch/calibration/<model>.json (or --out), which the
 Searcher uses when RKSCConfig.min_layer is None.
 
-    treesearch calibrate --task game24 --range 800:810 --eval-range 810:830
+    treesearch calibrate --task game24 --range 700:900 --eval-range 1000:1200
     treesearch calibrate --task arc --range 1000:1172 --eval-range 0:1000
 """
 
@@ -186,7 +190,7 @@ def fit(ds: Dataset, target_error: float = TARGET_ERROR) -> tuple[Thresholds, Ou
     that exceeds target_error the set is too small to certify any exit and the fit is "never"."""
     h = entropies(ds.traj)
     num_layers = ds.traj.shape[1]
-    best = Thresholds(theta=0.0, eps=0.0, min_layer=num_layers, tau_conf=NEVER, margin=MARGINS[-1])
+    best = never(ds)
     best_out = replay(ds, best, h)
     if clopper_pearson_upper(0, len(ds.traj)) > target_error:
         return best, best_out
@@ -202,7 +206,7 @@ def fit(ds: Dataset, target_error: float = TARGET_ERROR) -> tuple[Thresholds, Ou
                     best, best_out = t, out
                     break  # a higher min_layer only runs more layers
     if best_out.layers_run > (1 - MIN_SAVING) * best_out.layers_full:  # exits on a few flukes: not worth the risk
-        best = Thresholds(theta=0.0, eps=0.0, min_layer=num_layers, tau_conf=NEVER, margin=MARGINS[-1])
+        best = never(ds)
         best_out = replay(ds, best, h)
     if ds.steps:
         for tau in TAUS:
@@ -296,14 +300,14 @@ def unseen_calls(ds: Dataset, hds: Dataset) -> np.ndarray | None:
 
 
 def save(ds: Dataset, t: Thresholds, out: Outcome, held: Outcome | None, path: Path, hds: Dataset | None,
-         unseen: dict | None = None) -> None:
-    """Merge one task's fitted thresholds into a model's calibration file."""
+         extra: dict | None = None) -> None:
+    """Merge one task's fitted thresholds into a model's calibration file (`extra`: the held-out
+    report as printed, and a rejected fit with its held-out figures, if any)."""
     data = json.loads(path.read_text()) if path.exists() else {"model": ds.model, "tasks": {}}
     entry = dict(t.to_dict(), num_layers=int(ds.traj.shape[1]), calibration=dict(out.report(), **_meta(ds)))
     if held is not None and hds is not None:
         entry["heldout"] = dict(held.report(), **_meta(hds))
-        if unseen is not None:
-            entry["heldout"]["unseen"] = unseen
+    entry.update(extra or {})
     data["tasks"][ds.task] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
@@ -345,13 +349,45 @@ def main(argv: list[str] | None = None) -> int:
         if dump is not None:
             dump(hds)
         held = replay(hds, t)
-        result["heldout"] = dict(held.report(), **_meta(hds))
         unseen = unseen_calls(ds, hds)
-        if unseen is not None and not unseen.all():
-            result["heldout"]["unseen"] = replay(hds, t, calls=unseen).report()
+        result["heldout"] = _held_report(hds, t, held, unseen)
+        why = uncertified(held, args.target_error)
+        if why and t != never(ds):
+            # the fit erred on unseen calls or cannot show the target error there: it is not shipped
+            result["rejected"] = {"thresholds": t.to_dict(), "heldout": result["heldout"], "why": why}
+            t = never(ds)
+            out, held = replay(ds, t), replay(hds, t)
+            result["thresholds"] = t.to_dict()
+            result["calibration"] = dict(out.report(), **_meta(ds))
+            result["heldout"] = _held_report(hds, t, held, unseen)
+            _log(f"fitted thresholds rejected on the held-out calls ({why}); keeping CGEE off for this task")
     print(json.dumps(result, indent=1))
     if not args.dry_run:
         path = Path(args.out) if args.out else calibration_path(ds.model)
-        save(ds, t, out, held, path, hds, result.get("heldout", {}).get("unseen"))
+        save(ds, t, out, held, path, hds, {k: result[k] for k in ("heldout", "rejected") if k in result})
         _log(f"wrote {path}")
     return 0
+
+
+def never(ds: Dataset) -> Thresholds:
+    """Thresholds under which CGEE never skips and never exits (what an uncertified fit falls back to)."""
+    return Thresholds(theta=0.0, eps=0.0, min_layer=int(ds.traj.shape[1]), tau_conf=NEVER, margin=MARGINS[-1])
+
+
+def uncertified(held: Outcome, target_error: float) -> str | None:
+    """Why held-out results do not certify a fit (None when they do): a changed BFS selection, or a
+    95% upper bound on the call error above the target (e.g. any error in 1,000 calls for 0.37%)."""
+    if held.step_errors:
+        return f"{held.step_errors} of {held.steps} held-out steps selected other branches"
+    upper = clopper_pearson_upper(held.call_errors, held.calls)
+    if upper > target_error:
+        return (f"{held.call_errors} errors in {held.calls} held-out calls: 95% upper bound {upper:.4%} "
+                f"> target {target_error:.4%}")
+    return None
+
+
+def _held_report(hds: Dataset, t: Thresholds, held: Outcome, unseen: np.ndarray | None) -> dict:
+    rep = dict(held.report(), **_meta(hds))
+    if unseen is not None and not unseen.all():
+        rep["unseen"] = replay(hds, t, calls=unseen).report()
+    return rep
