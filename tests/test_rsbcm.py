@@ -210,7 +210,7 @@ def test_tight_budget_search_returns_the_same_tree_as_an_unbounded_one(tiny_lm):
         return s, s.solve(" start")
 
     _, full = run(None)
-    budget = int(0.55 * full.stats["peak_kv_bytes"])
+    budget = int(0.25 * full.stats["peak_kv_bytes"])
     s, tight = run(budget)
     assert _signature(tight.tree) == _signature(full.tree)
     assert len(full.tree) == 13
@@ -220,4 +220,28 @@ def test_tight_budget_search_returns_the_same_tree_as_an_unbounded_one(tiny_lm):
     assert tight.stats["evicted_blocks"] > 0 and tight.stats["recomputed_tokens"] > 0
     assert full.stats["evicted_blocks"] == 0 and full.stats["recomputed_tokens"] == 0
     assert s.engine.store.peak_held <= budget
+    s.engine.store.check_invariants()
+
+
+@pytest.mark.real_model
+def test_game24_search_at_a_quarter_of_its_peak_kv_is_the_unbounded_search(real_lm):
+    """Issue 3's budget target on the default model: the same tree at 25% of the unbounded run's
+    peak_kv_bytes, recomputing at most 15% of prefill (puzzle 4 5 6 10: 87 of 753 tokens)."""
+    from treesearch.tasks import Game24
+
+    def run(budget):
+        s = Searcher(real_lm, Game24(), BFS(breadth=5), RKSCConfig(kv_sharing="exact", cache_budget=budget),
+                     progress=False)
+        return s, s.solve("4 5 6 10")
+
+    _, full = run(None)
+    s, tight = run(int(0.25 * full.stats["peak_kv_bytes"]))
+    assert _signature(tight.tree) == _signature(full.tree)
+    for n in full.tree.graph:
+        a, b = full.tree.node(n)["score"], tight.tree.node(n)["score"]
+        assert (a is None and b is None) or abs(a - b) <= 1e-4
+    st = tight.stats
+    assert st["recomputed_tokens"] == 87 and st["prefill_tokens"] == 753
+    assert st["recomputed_tokens"] <= 0.15 * st["prefill_tokens"]
+    assert s.engine.store.peak_held <= s.engine.store.budget
     s.engine.store.check_invariants()
