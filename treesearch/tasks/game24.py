@@ -177,20 +177,28 @@ class Game24(Problem):
         return self.propose_template.format(numbers=state.numbers_text())
 
     def parse_children(self, state: Game24State, text: str) -> list[Child]:
+        """Children from one generation; each carries the character span of the line it came from
+        (`Child.span`), so its confidence is that of its own line's tokens (CGEE Level 1)."""
         if len(state.numbers) == 1:
-            line = text.strip().splitlines()[0] if text.strip() else ""
+            stripped = text.strip()
+            line = stripped.splitlines()[0].rstrip() if stripped else ""
             expr = line.split("=")[0].strip()
             if not expr:
                 return []
-            return [Child(thought=f"Answer: {line.strip()}", state=Game24State(
+            start = len(text) - len(text.lstrip())
+            return [Child(thought=f"Answer: {line}", span=(start, start + len(line)), state=Game24State(
                 puzzle=state.puzzle, numbers=state.numbers, steps=state.steps, answer=expr))]
         children = []
-        for line in text.splitlines():
+        pos = 0
+        for raw in text.splitlines(keepends=True):
+            line = raw.splitlines()[0]
             move = apply_move(state.numbers, line)
             if move is not None:
                 thought, left = move
-                children.append(Child(thought=thought, state=Game24State(
+                start = pos + len(line) - len(line.lstrip())
+                children.append(Child(thought=thought, span=(start, pos + len(line.rstrip())), state=Game24State(
                     puzzle=state.puzzle, numbers=left, steps=state.steps + (thought,))))
+            pos += len(raw)
         return children
 
     def value_prompt(self, state: Game24State) -> str:
