@@ -213,3 +213,21 @@ def test_a_fit_that_errs_on_held_out_calls_is_rejected(tmp_path):
     entry = json.loads(out.read_text())["tasks"]["arc"]
     assert "rejected" not in entry and entry["min_layer"] == 2
     assert entry["heldout"]["layer_fraction"] == pytest.approx(2 / 3)
+
+
+def test_replay_reuses_values_verified_in_an_earlier_step():
+    ds = _hand_made()
+    ds.traj = np.concatenate([ds.traj, [[[0.1, 0.9]] * 3]])  # call 3: a low value
+    # step 2 under node 1: node 4 reuses call 0's prompt (verified in step 1), node 5 is new (call 3)
+    ds.steps.append([{"node": 4, "parent": 1, "conf": 0.95, "call": 0, "value": None},
+                     {"node": 5, "parent": 1, "conf": 0.6, "call": 3, "value": None}])
+    never_skip = replay(ds, Thresholds(theta=0.0, eps=0.0, min_layer=3, tau_conf=1.01))
+    assert (never_skip.calls, never_skip.skipped, never_skip.errors, never_skip.steps) == (4, 0, 0, 2)
+    # tau 0.5, margin 0.45: step 1's set {0.9, 0.5, 0.2} leads by 0.4 only: verified. In step 2 node 4's
+    # value is remembered, so node 5 alone is pending and decisive (0.6 >= 0.5, lead 0.6): call 3 skipped.
+    # (Deciding over {0.95, 0.6} would not skip: lead 0.35.)
+    out = replay(ds, Thresholds(theta=0.0, eps=0.0, min_layer=3, tau_conf=0.5, margin=0.45))
+    assert (out.skipped, out.layers_run, out.errors) == (1, 9, 0)
+    # tau 0.05, margin 0.05: step 1 is skipped, so nothing is remembered and step 2 decides over {0.95, 0.6}
+    low = replay(ds, Thresholds(theta=0.0, eps=0.0, min_layer=3, tau_conf=0.05, margin=0.05))
+    assert (low.skipped, low.layers_run, low.errors) == (4, 0, 0)

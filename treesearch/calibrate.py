@@ -132,8 +132,10 @@ class Outcome:
 def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None, calls: np.ndarray | None = None) -> Outcome:
     """Apply thresholds to the recorded calls and compare every decision with the full pass.
 
-    A call counts as skipped when every candidate that uses it sits in a skipped set (one live
-    verification pass serves all candidates of a prompt). `calls` (a bool mask) restricts the call
+    As in a live search (`Searcher.evaluate` + `Verifier`): a candidate whose call was verified in
+    an earlier step reuses that value and is not pending; Level 1 decides over the pending
+    siblings of each parent; a call counts as skipped when every pending candidate that uses it
+    sits in a skipped set (one verification pass serves all candidates of a prompt). `calls` (a bool mask) restricts the call
     counts (calls, skipped, layers, call errors) to those calls, e.g. held-out calls whose prompt
     the calibration set never saw; the step counts always cover every step."""
     h = entropies(ds.traj) if h is None else h
@@ -148,16 +150,18 @@ def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None, calls: np.nd
     in_verified_set: set[int] = set()
     call_errors_skip: set[int] = set()
     step_errors = 0
+    memo: set[int] = set()  # calls verified in an earlier step: the Searcher reuses their value
     for step in ds.steps:
         qv, fv = {}, {}
         sets: dict = {}
         for c in step:
             if c["call"] is None:
                 qv[c["node"]] = fv[c["node"]] = c["value"]
-            else:
+                continue
+            qv[c["node"]] = float(quick[c["call"]] @ w)
+            fv[c["node"]] = float(full[c["call"]] @ w)
+            if c["call"] not in memo:  # pending: Level 1 decides over the pending siblings (as `Verifier`)
                 sets.setdefault(c["parent"], []).append(c)
-                qv[c["node"]] = float(quick[c["call"]] @ w)
-                fv[c["node"]] = float(full[c["call"]] @ w)
         for members in sets.values():
             members = sorted(members, key=lambda c: c["node"])
             i = decisive_branch([c["conf"] for c in members], t.tau_conf, t.margin)
@@ -172,6 +176,7 @@ def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None, calls: np.nd
                     call_errors_skip.add(c["call"])
         if top_b(qv, ds.breadth) != top_b(fv, ds.breadth):
             step_errors += 1
+        memo |= in_verified_set  # a skipped prompt is not remembered: met again, it is pending again
     verified = np.ones(n, dtype=bool)
     verified[list(in_skipped_set - in_verified_set)] = False
     mask = np.ones(n, dtype=bool) if calls is None else np.asarray(calls, dtype=bool)
