@@ -231,3 +231,28 @@ def test_replay_reuses_values_verified_in_an_earlier_step():
     # tau 0.05, margin 0.05: step 1 is skipped, so nothing is remembered and step 2 decides over {0.95, 0.6}
     low = replay(ds, Thresholds(theta=0.0, eps=0.0, min_layer=3, tau_conf=0.05, margin=0.05))
     assert (low.skipped, low.layers_run, low.errors) == (4, 0, 0)
+
+
+def test_replay_counts_what_a_live_cgee_search_does(tiny_lm):
+    """The offline replay of thresholds over a full-pass collection counts what a live search with
+    those thresholds does: the same layers run, skips included. Breadth 50 keeps every candidate,
+    so no selection can change and the live search walks the collected tree."""
+    from strategies import BFS
+
+    from treesearch.calibrate import collect_game24
+    from treesearch.searcher import Searcher
+    from treesearch.tasks.game24 import load_puzzles
+
+    ds = collect_game24(tiny_lm, 800, 801, breadth=50, problem=AnyMove.make(), log=lambda m: None)
+    # exit at layer 3 for every row; skip sets whose best confidence >= 0.005 (the random model's are ~0.005)
+    t = Thresholds(theta=10.0, eps=10.0, min_layer=3, tau_conf=0.005, margin=0.0)
+    out = replay(ds, t)
+    assert out.step_errors == 0 and 0 < out.skipped < out.calls
+    cfg = RKSCConfig(cgee=True, theta=t.theta, eps=t.eps, min_layer=t.min_layer, tau_conf=t.tau_conf,
+                     margin=t.margin)
+    live = Searcher(tiny_lm, AnyMove.make(), BFS(breadth=50), cfg, progress=False).solve(load_puzzles(800, 801)[0])
+    assert len(live.tree) == sum(len(s) for s in ds.steps) + 1
+    assert (live.stats["verify_layers_run"], live.stats["verify_layers_full"]) == (out.layers_run, out.layers_full)
+    assert out.layers_run == 3 * (out.calls - out.skipped)
+    skipped = [n for n in live.tree.graph.nodes if live.tree.node(n).get("cgee") == "skipped"]
+    assert skipped and len(skipped) < len(live.tree) - 1
