@@ -173,6 +173,22 @@ class Engine:
                 "token differs, e.g. with a leading space: ' sure', ' likely', ' impossible'")
         return ids
 
+    def new_search(self) -> None:
+        """Start the counters and ownership of a new search, keeping from the cache only the K/V
+        of the last search's prompts (few-shot templates and prompt heads that the next search's
+        prompts start with); generations and older entries are forgotten, so memory stays bounded
+        by one search. Results never depend on what is cached; only prefill and reuse counts do."""
+        for owner in self.store.owners():
+            self.store.release(owner)
+        self._prompt_pins.clear()
+        self.store.keep_only(lambda seg: seg.hits > 0)
+        for seg in self.store.segments.values():
+            seg.hits = 0
+        self.stats = Stats()
+        self.unique = TokenTrie()
+        self.asks_log = []
+        self._calls = 0
+
     # -- ownership and eviction priority (RSBCM) --------------------------------------------------
     def set_priority(self, fn: Priority | None) -> None:
         """Install owner -> omega (see `treesearch.rsbcm`); the Searcher passes score/(depth+1)."""
@@ -589,6 +605,7 @@ class Engine:
         if self.config.shares:
             for b, r in enumerate(rows):
                 ends[b] = self._store_kv(r.ids, r.matched, batch.row_kv(b, 0, lens[b]), free_only=not r.must_store)
+                _count_prompt(ends[b])
             self._pin_prompts(ends, owners)
             self.store.note_peak(batch.nbytes)
         gens: list[list[int]] = [[] for _ in rows]
@@ -679,6 +696,7 @@ class Engine:
             end = None
             if self.config.shares and full:  # a row cut short stores no K/V
                 end = self._store_kv(r.ids, r.matched, batch.row_kv(brow, 0, len(news[b])), free_only=not r.must_store)
+                _count_prompt(end)
             if full:
                 raw = {lab: float(probs[0, i]) for lab, i in zip(labels, label_ids)}
             else:
@@ -744,6 +762,13 @@ def _eos_ids(lm: LanguageModel) -> set[int]:
     if lm.tokenizer.eos_token_id is not None:
         ids.add(lm.tokenizer.eos_token_id)
     return ids
+
+
+def _count_prompt(end: Handle) -> None:
+    """One more prompt context ran through these segments (`Engine.new_search` keeps them)."""
+    seg, used = end
+    for s, _ in seg.context_chain(used):
+        s.hits += 1
 
 
 def _ceil(n: int, d: int) -> int:

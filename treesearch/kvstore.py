@@ -70,6 +70,7 @@ class Segment:
     last_use: int = 0
     first_block: int = 0  # block ids are first_block .. first_block + blocks - 1
     asks_ref: int | None = None  # ASKS: K/V taken from the reference context ending in this segment id
+    hits: int = 0  # prompt contexts of this search that ran through it (counted by the engine)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -364,6 +365,33 @@ class KVStore:
     def note_peak(self, extra_bytes: int = 0) -> None:
         """Record a peak including transient bytes (a running batch's own K/V)."""
         self.peak_bytes = max(self.peak_bytes, self.bytes_held + extra_bytes)
+
+    def owners(self) -> list[Hashable]:
+        """Every owner holding something now."""
+        return list(self._held)
+
+    def keep_only(self, keep: Callable[[Segment], bool]) -> None:
+        """Forget every segment (K/V and tokens) except the resident ones `keep` accepts and their
+        context; between searches, when no owner holds anything and nothing is pinned."""
+        assert not self._held and all(s.pins == 0 for s in self.segments.values()), \
+            "keep_only needs a store with no owners and no pins (release them first)"
+        kept: set[int] = set()
+        for s in self.segments.values():
+            if s.kv is not None and keep(s):
+                p = s
+                while p is not None and p.parent is not None and p.id not in kept:
+                    kept.add(p.id)
+                    p = p.parent
+        for s in list(self.segments.values()):
+            if s.id in kept:
+                continue
+            self.bytes_held -= self.resident_bytes(s)
+            s.kv = None
+            s.parent.children.pop((s.parent_len, s.tokens[0]), None)
+            del self.segments[s.id]
+        self.peak_held = self.peak_bytes = self.bytes_held
+        self.evicted_blocks = 0
+        self.eviction_log = []
 
     def resident_segments(self) -> list[Segment]:
         return [s for s in self.segments.values() if s.kv is not None]

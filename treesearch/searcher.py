@@ -78,7 +78,7 @@ class Searcher:
 
     def __init__(self, model: LanguageModel, problem: Problem, strategy: Any = None,
                  config: RKSCConfig | None = None, *, sampling: Sampling | None = None, seed: int = 0,
-                 progress: bool = True) -> None:
+                 progress: bool = True, keep_cache: bool = True) -> None:
         check_problem(problem)
         if strategy is None:
             from strategies import BFS
@@ -91,6 +91,7 @@ class Searcher:
         self.sampling = sampling or problem.sampling
         self.seed = seed
         self.progress = progress
+        self.keep_cache = keep_cache  # later solve() calls start with what the last search shared
         self.engine: Engine | None = None
         self.tree = ThoughtTree()
         self._values: dict[str, float] = {}
@@ -134,8 +135,16 @@ class Searcher:
         return self._run()
 
     def _run(self) -> SearchResult:
-        """Run the strategy over self.tree with a fresh engine; on any exception attach the partial result."""
-        self.engine = Engine(self.model, self.config)
+        """Run the strategy over self.tree; on any exception attach the partial result.
+
+        The engine is fresh for the first search and after an interrupted one; otherwise, with
+        keep_cache, it keeps the K/V the last search shared (`Engine.new_search`), so a batch of
+        puzzles computes its few-shot templates once. Results are the same either way."""
+        if (self.engine is None or not self.keep_cache or self.engine.config is not self.config
+                or getattr(self, "partial_result", None) is not None):
+            self.engine = Engine(self.model, self.config)
+        else:
+            self.engine.new_search()
         self._values = {}
         self._prime_values()
         self._prime_tokens()
