@@ -256,3 +256,21 @@ def test_replay_counts_what_a_live_cgee_search_does(tiny_lm):
     assert out.layers_run == 3 * (out.calls - out.skipped)
     skipped = [n for n in live.tree.graph.nodes if live.tree.node(n).get("cgee") == "skipped"]
     assert skipped and len(skipped) < len(live.tree) - 1
+
+
+def test_the_shipped_calibration_is_backed_by_1000_held_out_calls():
+    """Every task shipped for the default model was measured on >= 1,000 held-out verification
+    calls, and what is in force there passed them (a rejected fit is recorded, not used)."""
+    from treesearch.cgee import calibration_path
+
+    data = json.loads(calibration_path("SmolLM2-135M-Instruct").read_text())
+    assert {"game24", "arc", "mmlu"} <= set(data["tasks"])
+    for task in ("game24", "arc", "mmlu"):
+        entry = data["tasks"][task]
+        held = entry["heldout"]
+        assert held["calls"] >= 1000, task
+        assert held["step_errors"] == 0 and clopper_pearson_upper(held["call_errors"], held["calls"]) <= 0.0037, task
+        if "rejected" in entry:
+            rej = entry["rejected"]["heldout"]
+            assert rej["step_errors"] > 0 or clopper_pearson_upper(rej["call_errors"], rej["calls"]) > 0.0037, task
+    assert data["tasks"]["game24"]["calibration"]["proposer"] == "model"
