@@ -68,3 +68,43 @@ def test_solve_with_tiny_model_writes_json(tmp_path):
     assert set(data) >= {"answer", "solved", "stats", "tree"}
     assert data["tree"]["nodes"][0]["state"]["puzzle"] == [4, 5, 6, 10]
     assert {"thought", "state", "depth", "score", "status"} <= set(data["tree"]["nodes"][0])
+
+
+def test_solve_with_a_budget_below_the_root_prompt_fails_in_one_line_naming_the_minimum():
+    out = subprocess.run([sys.executable, "-m", "treesearch.cli", "solve", "game24", "4 5 6 10", "--model", "tiny",
+                          "--no-progress", "--cache-budget", "1000"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert out.stderr.startswith("treesearch: error: cache_budget=1000 bytes cannot hold")
+    assert "raise --cache-budget to at least" in out.stderr
+
+
+def test_solve_interrupted_by_ctrl_c_saves_the_partial_search_and_resume_finishes_it(tmp_path, monkeypatch, capsys):
+    from treesearch import cli
+    from treesearch.searcher import Searcher
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["solve", "gsm8k", "Tom has 3 apples and buys 4 more. How many apples does he have?", "--model", "tiny",
+            "--no-progress", "--breadth", "2"]
+    assert cli.main(argv + ["--json", "full.json"]) == 0
+    full = json.loads((tmp_path / "full.json").read_text())
+    evaluate, calls = Searcher.evaluate, []
+
+    def interrupted(self, nodes):
+        calls.append(nodes)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return evaluate(self, nodes)
+
+    monkeypatch.setattr(Searcher, "evaluate", interrupted)
+    capsys.readouterr()
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    assert "treesearch: error: interrupted" in err and "--resume treesearch-partial.json" in err
+    monkeypatch.setattr(Searcher, "evaluate", evaluate)
+    assert cli.main(argv + ["--resume", "treesearch-partial.json", "--json", "resumed.json"]) == 0
+    resumed = json.loads((tmp_path / "resumed.json").read_text())
+    sig = lambda data: [(n["id"], n["thought"], n["status"]) for n in data["tree"]["nodes"]]  # noqa: E731
+    assert len(full["tree"]["nodes"]) > 3 and sig(resumed) == sig(full)
+    for a, b in zip(full["tree"]["nodes"], resumed["tree"]["nodes"]):  # scores equal up to float reassociation
+        assert (a["score"] is None and b["score"] is None) or abs(a["score"] - b["score"]) <= 1e-4

@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     solve.add_argument("task", help="task name (game24)")
     solve.add_argument("input", help='task input, e.g. "4 5 6 10"')
     solve.add_argument("--max-nodes", type=int, default=60, help="nodes shown in the text view")
+    solve.add_argument("--resume", default=None, metavar="PATH",
+                       help="continue the search saved at PATH (written when a search stops on an error or Ctrl-C)")
     _add_search_flags(solve)
     for name, helptext in (("bench", "benchmark KV modes side by side"), ("calibrate", "calibrate CGEE thresholds")):
         sp = sub.add_parser(name, help=helptext, add_help=False)
@@ -68,6 +70,7 @@ def make_config(args: argparse.Namespace):
 
 def cmd_solve(args: argparse.Namespace) -> int:
     from .config import Sampling
+    from .errors import TreeSearchError
     from .runtime import load_model
     from .searcher import Searcher
     from .tasks import TASKS
@@ -81,7 +84,10 @@ def cmd_solve(args: argparse.Namespace) -> int:
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     searcher = Searcher(model, problem, make_strategy(args), make_config(args), sampling=sampling, seed=args.seed,
                         progress=not args.no_progress)
-    result = searcher.solve(args.input)
+    try:
+        result = searcher.resume(args.resume) if args.resume else searcher.solve(args.input)
+    except (TreeSearchError, KeyboardInterrupt) as exc:
+        return _stopped(exc, args, problem)
     print(result.tree.text_view(max_nodes=args.max_nodes))
     print()
     print(f"answer: {result.answer if result.answer is not None else '(none)'}")
@@ -91,6 +97,20 @@ def cmd_solve(args: argparse.Namespace) -> int:
         Path(args.json_path).write_text(json.dumps(result.to_json(problem), indent=1, default=repr))
         print(f"wrote {args.json_path}")
     return 0
+
+
+def _stopped(exc: BaseException, args: argparse.Namespace, problem: Any) -> int:
+    """A search that stopped on a user-facing error or Ctrl-C: say why in one line, keep the
+    partial search on disk and print the command that continues it (exit status 2, 130 on Ctrl-C)."""
+    why = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
+    print(f"treesearch: error: {why}", file=sys.stderr)
+    partial = getattr(exc, "partial_result", None)
+    if partial is not None and len(partial.tree) > 1:
+        path = Path(args.resume or "treesearch-partial.json")
+        partial.save(path, problem)
+        print(f"treesearch: the partial search ({len(partial.tree)} nodes) is saved in {path}; continue it with "
+              f"the same command plus --resume {path}", file=sys.stderr)
+    return 130 if isinstance(exc, KeyboardInterrupt) else 2
 
 
 def _fmt(v: Any) -> str:
