@@ -43,8 +43,8 @@ def test_verify_time_ratio_and_the_side_by_side_line():
     assert all(r.stats == runs.modes["cgee"].runs[-1].stats for r in runs.modes["cgee"].runs)  # no time in counters
     text = report.markdown(doc)
     assert "| 7.00 | 1.00x |" in text and "| 3.25 | 2.15x |" in text
-    assert ("Verification (scoring) time, CGEE off (exact) vs on (cgee), same run: 7.00 s vs 3.25 s = 2.15x "
-            "faster with CGEE (verify calls skipped 2 of 8, layers run 180 of 180)") in text
+    assert ("Verification (scoring) time, CGEE off (exact) vs on (cgee), same run: 7.00 s vs 3.25 s, off / on = "
+            "2.15x (> 1: CGEE verified faster) (verify calls skipped 2 of 8, layers run 180 of 180)") in text
     json.dumps(doc)
 
 

@@ -160,8 +160,8 @@ def markdown(doc: dict) -> str:
     off, on = doc["modes"].get("exact"), doc["modes"].get("cgee")
     if off and on and off.get("verify_s") is not None and on.get("verify_s") is not None:
         lines += ["", f"Verification (scoring) time, CGEE off (exact) vs on (cgee), same run: "
-                      f"{off['verify_s']:.2f} s vs {on['verify_s']:.2f} s = "
-                      f"{_f(on['verify_speedup_vs_exact'], '{:.2f}x')} faster with CGEE "
+                      f"{off['verify_s']:.2f} s vs {on['verify_s']:.2f} s, off / on = "
+                      f"{_f(on['verify_speedup_vs_exact'], '{:.2f}x')} (> 1: CGEE verified faster) "
                       f"(verify calls skipped {on['verify_skipped']} of {on['verify_calls']}, layers run "
                       f"{on['verify_layers_run']} of {on['verify_layers_full']})"]
     notes = [(n, t) for n, e in doc["modes"].items() for t in e["notes"]]
