@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 
@@ -91,8 +92,8 @@ def cmd_game24(args, lm) -> None:
 def cmd_batch(args, lm) -> None:
     """B branches over one P-token prefix: KV bytes held vs (P + suffixes) tokens, and decode step time.
 
-    Step time = (time of a call with 1 + steps new tokens - time of a call with 1) / steps, the
-    minimum over `--repeats` rounds that interleave the batch sizes (so machine load hits all alike)."""
+    Step time = the median time of one decode forward in which all B rows are still generating,
+    over `--repeats` rounds that interleave the batch sizes (so machine load hits all alike)."""
     import torch
 
     from treesearch.config import RKSCConfig, Sampling
@@ -119,20 +120,28 @@ def cmd_batch(args, lm) -> None:
                      "peak_with_batch_buffer": eng.store.peak_bytes,
                      "peak/ideal": round(eng.store.peak_bytes / ideal, 4),
                      "unshared_would_be": (bsz * len(pids) + suffix_tokens) * bpt}
-    best: dict[int, float] = {}
+    steps: dict[int, list[float]] = {bsz: [] for bsz in args.batch}
     for _ in range(args.repeats):
         for bsz in args.batch:  # the prompts are cached now: these calls time decoding only
             eng, prompts = engines[bsz]
-            t0 = time.perf_counter()
-            eng.generate(prompts, Sampling(max_new_tokens=1))
-            t1 = time.perf_counter()
-            eng.generate(prompts, Sampling(max_new_tokens=1 + args.steps))
-            t2 = time.perf_counter()
-            step = ((t2 - t1) - (t1 - t0)) / args.steps
-            best[bsz] = min(best.get(bsz, step), step)
+            forward = eng._forward
+
+            def timed(ids, *a, _forward=forward, _bsz=bsz, **kw):
+                t0 = time.perf_counter()
+                out = _forward(ids, *a, **kw)
+                if ids.shape[1] == 1 and ids.shape[0] == _bsz:  # a decode step with every row still running
+                    steps[_bsz].append(time.perf_counter() - t0)
+                return out
+
+            eng._forward = timed
+            try:
+                eng.generate(prompts, Sampling(max_new_tokens=1 + args.steps))
+            finally:
+                del eng._forward
     for bsz in args.batch:
-        print(json.dumps({**rows[bsz], "decode_ms_per_step": round(1000 * best[bsz], 1),
-                          "torch_threads": torch.get_num_threads()}), flush=True)
+        print(json.dumps({**rows[bsz], "decode_ms_per_step": round(1000 * statistics.median(steps[bsz]), 1),
+                          "decode_steps_timed": len(steps[bsz]), "torch_threads": torch.get_num_threads()}),
+              flush=True)
 
 
 def cmd_alloc(args, lm) -> None:
