@@ -90,8 +90,10 @@ def run_branch(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *
     out = RunResult(max_new_tokens=max_new)
     sampling = Sampling(max_new_tokens=max_new, temperature=TEMPERATURE, top_p=TOP_P,
                         stop=BRANCH_STOP)
+    engine = Engine(lm, config)  # kept across items: each starts with the last one's prompt K/V
     for idx, item in enumerate(items):
-        engine = Engine(lm, config)
+        if idx:
+            engine.new_search()
         prompt = branch_prompt(item)
         t0 = time.perf_counter()
         gens = engine.generate([prompt] * branches, sampling,

@@ -38,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="override the workload's generation length per call (default: the workload's)")
-    p.add_argument("--rksc-budget", type=float, default=0.5, metavar="FRACTION",
-                   help="rksc cache budget as a fraction of exact's peak KV bytes (0 = unbounded; default 0.5)")
+    p.add_argument("--rksc-budget", type=float, default=0.25, metavar="FRACTION",
+                   help="rksc cache budget as a fraction of exact's peak KV bytes (0 = unbounded; default 0.25)")
     p.add_argument("--replay-tokens", type=int, default=None, metavar="N",
                    help="hf-cb replay: max new tokens per request (default: the workload's)")
     p.add_argument("--threads", type=int, default=None, metavar="N",

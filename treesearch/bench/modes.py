@@ -1,7 +1,8 @@
 """The benchmark modes and what each one really switched on.
 
 - nokv:  RKSCConfig(kv_sharing="off"): every call recomputes its whole context.
-- exact: RKSCConfig(kv_sharing="exact"): exact token-prefix sharing only (the vLLM-equivalent).
+- exact: RKSCConfig(kv_sharing="exact"): exact token-prefix sharing only (the vLLM-equivalent; like a
+         serving engine's prefix cache it keeps the last item's prompt K/V for the next item).
 - cgee:  exact + cgee=True (thresholds: the shipped calibration), nothing else: beside exact it
          shows what CGEE alone does to the verification (scoring) time, `verify_s`.
 - rksc:  exact (or "asks" where RKSCConfig's default turns it on) + cgee=True + a cache budget for

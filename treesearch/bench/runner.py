@@ -56,7 +56,7 @@ def total_ticks(workload: Workload, names: list[str], repeat: int) -> int:
 
 
 def run_all(lm: LanguageModel, workload: Workload, names: list[str], *, repeat: int = 1,
-            tick: Tick | None = None, budget_fraction: float = 0.5, replay_tokens: int | None = None) -> BenchRuns:
+            tick: Tick | None = None, budget_fraction: float = 0.25, replay_tokens: int | None = None) -> BenchRuns:
     tick = tick or (lambda n: None)
     out = BenchRuns()
     for name in names:

@@ -38,8 +38,10 @@ def run_tree(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *, 
     out = RunResult(max_new_tokens=max(lengths))
     if config.cgee:
         out.note("tree has no verification step: CGEE has nothing to skip here")
+    engine = Engine(lm, config)  # kept across items: each starts with the last one's prompt K/V
     for idx, item in enumerate(items):
-        engine = Engine(lm, config)
+        if idx:
+            engine.new_search()
         contexts = [tree_prompt(item)]
         parents_text = [""]
         batches = []

@@ -41,7 +41,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
 
     def add_stats(self, stats: dict) -> None:
-        """Sum counters over items; peak KV is the maximum (each item has its own engine). The
+        """Sum counters over items; peak KV is the maximum (each item's search counts its own). The
         verification time goes to `verify_s`, not into the counters (which must repeat exactly)."""
         self.verify_s += float(stats.get("verify_s", 0.0) or 0.0)
         for k in SUM_FIELDS:
@@ -78,10 +78,11 @@ def run_game24(lm: LanguageModel, config: RKSCConfig, puzzles: list[str], tick: 
     out = RunResult()
     if config.cgee:
         out.note(cgee_thresholds_note(config, lm.name, "game24"))
+    problem = Game24() if max_new_tokens is None else Game24(max_new_tokens=max_new_tokens)
+    out.max_new_tokens = problem.sampling.max_new_tokens
+    # one Searcher for all puzzles: each search starts with the last one's prompt K/V (the templates)
+    searcher = Searcher(lm, problem, BFS(breadth=breadth), config, seed=seed, progress=False)
     for puzzle in puzzles:
-        problem = Game24() if max_new_tokens is None else Game24(max_new_tokens=max_new_tokens)
-        out.max_new_tokens = problem.sampling.max_new_tokens
-        searcher = Searcher(lm, problem, BFS(breadth=breadth), config, seed=seed, progress=False)
         t0 = time.perf_counter()
         result = searcher.solve(puzzle)
         out.wall_s += time.perf_counter() - t0
