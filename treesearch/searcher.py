@@ -74,7 +74,10 @@ class SearchResult:
 
 
 class Searcher:
-    """Solve a `Problem` with a strategy (default BFS) and a language model."""
+    """Solve a `Problem` with a strategy (default BFS) and a language model.
+
+    keep_cache (default True): later solve() calls start with the K/V of the last search's prompts
+    (few-shot templates), so a test set computes them once; results are the same without it."""
 
     def __init__(self, model: LanguageModel, problem: Problem, strategy: Any = None,
                  config: RKSCConfig | None = None, *, sampling: Sampling | None = None, seed: int = 0,
