@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from strategies import BFS
 from treesearch.config import RKSCConfig, Sampling
@@ -219,6 +221,43 @@ def test_tight_budget_search_returns_the_same_tree_as_an_unbounded_one(tiny_lm):
         assert (a is None and b is None) or abs(a - b) <= 1e-4
     assert tight.stats["evicted_blocks"] > 0 and tight.stats["recomputed_tokens"] > 0
     assert full.stats["evicted_blocks"] == 0 and full.stats["recomputed_tokens"] == 0
+    assert s.engine.store.peak_held <= budget
+    s.engine.store.check_invariants()
+
+
+_UNBOUNDED: dict = {}
+
+
+@settings(max_examples=12, deadline=None)
+@given(fraction=st.floats(0.0, 1.2), chain=st.booleans(), breadth=st.integers(1, 3))
+def test_any_budget_gives_the_unbounded_tree_or_refuses_at_the_start(tiny_lm, fraction, chain, breadth):
+    """Eviction never changes a result: for any budget, the search either finds the unbounded
+    tree (scores within 1e-4, bytes held never above the budget) or, below the root prompt's
+    blocks, refuses before any forward."""
+    from reliability_problems import Words
+
+    problem = Words(width=2, depth=3, max_new_tokens=5, chain=chain, pad=3, value_pad=3)
+
+    def run(budget):
+        s = Searcher(tiny_lm, problem, BFS(breadth=breadth), RKSCConfig(cache_budget=budget), progress=False)
+        return s, s.solve("cats")
+
+    key = (chain, breadth)
+    if key not in _UNBOUNDED:
+        _UNBOUNDED[key] = run(None)[1]
+    full = _UNBOUNDED[key]
+    budget = max(1, int(fraction * full.stats["peak_kv_bytes"]))
+    try:
+        s, tight = run(budget)
+    except CacheBudgetError as exc:
+        assert exc.partial_result.stats["model_calls"] == 0
+        need = int(str(exc).split("at least ")[1].split(" bytes")[0])
+        assert budget < need
+        return
+    assert _signature(tight.tree) == _signature(full.tree)
+    for n in full.tree.graph:
+        a, b = full.tree.node(n)["score"], tight.tree.node(n)["score"]
+        assert (a is None and b is None) or abs(a - b) <= 1e-4
     assert s.engine.store.peak_held <= budget
     s.engine.store.check_invariants()
 
