@@ -665,7 +665,11 @@ class Engine:
         fed = len(gen) - 1
         if not self.config.shares or fed <= 0 or end is None:
             return end
-        end = self._store_kv(row.ids + gen[:fed], len(row.ids), batch.row_kv(j, nmax, nmax + fed), free_only=True)
+        ids = row.ids + gen[:fed]
+        if end[0].resident_len < end[1]:  # its prompt's K/V was not kept: keep the generation as tokens only
+            chain, m = self.store.lookup(ids)
+            return chain[-1] if m == len(ids) else self.store.insert(chain, ids[m:], None)
+        end = self._store_kv(ids, len(row.ids), batch.row_kv(j, nmax, nmax + fed), free_only=True)
         self.store.note_peak(batch.nbytes)
         return end
 
