@@ -13,7 +13,11 @@ class Stats:
     reused_tokens: prompt tokens whose K/V came from the cache instead.
     decode_tokens: generated tokens fed back through the model.
     unique_tokens: distinct token positions in the union of all contexts the model saw.
-    The physical limit is prefill_tokens + decode_tokens == unique_tokens.
+    The physical limit is prefill_tokens + decode_tokens == unique_tokens (within one search that
+    starts from an empty cache; a Searcher's later searches start from the last one's prompts).
+    recomputed_tokens: prefill of tokens whose K/V had been computed before but was not cached
+    when needed (evicted, or never kept under the budget); part of prefill_tokens.
+    evicted_blocks: blocks of K/V dropped to stay under cache_budget.
     """
 
     prefill_tokens: int = 0
