@@ -452,35 +452,40 @@ class Engine:
         only room that displaces nothing owned: free budget or segments no owner holds. Owned K/V
         is evicted, lowest omega first (RSBCM), only for what must be cached: the context a
         running call attends over and pinned prompts. Otherwise every new prompt would push out
-        the shared templates that all later prompts reuse (LRU breaks omega ties against them)."""
+        the shared templates that all later prompts reuse (LRU breaks omega ties against them).
+        Optional K/V whose context before `start` is not cached is kept as tokens only: caching
+        it would first recompute that context."""
         store = self.store
         chain, m = store.lookup(ids)
         self._pin(chain)
-        need = sum(store.tokens_bytes(u) - store.resident_bytes(s) for s, u in chain if u > s.resident_len)
-        if store.can_hold(need + store.tokens_bytes(len(ids) - m), free_only=free_only):
-            return self._insert(ids, start, kv)
-        if m < len(ids) and store.can_hold(need + store.block_bytes, free_only=free_only):
-            # room for part of it: cache the new tokens' first whole blocks that fit
-            room = store.budget - (store.bytes_held - store.reclaimable_bytes(free_only=free_only)) - need
-            k = min(len(ids) - m, room // store.block_bytes * store.block_size)
-            self._ensure_resident(chain, known=(start, kv))
-            end = store.insert(chain, ids[m:], kv[:, :, :, m - start:m - start + k])
-            self._pin([end])
-            return end
-        if m == len(ids):
-            return chain[-1]
-        return store.insert(chain, ids[m:], None)
+        keep = None  # cache every new token
+        if store.budget is not None:
+            missing = [(s, u) for s, u in chain if u > s.resident_len]
+            room = store.room(free_only=free_only) - sum(store.tokens_bytes(u) - store.resident_bytes(s)
+                                                         for s, u in missing)
+            keep = min(len(ids) - m, max(0, int(room)) // store.block_bytes * store.block_size)
+            if (room < 0 or (keep == 0 and m < len(ids))
+                    or any(s.start + s.resident_len < start for s, _ in missing)):
+                return chain[-1] if m == len(ids) else store.insert(chain, ids[m:], None)  # tokens only
+        return self._insert(ids, start, kv, found=(chain, m), keep=keep)
 
-    def _insert(self, ids: list[int], start: int, kv: Any) -> Handle:
+    def _insert(self, ids: list[int], start: int, kv: Any, *, found: tuple[Chain, int] | None = None,
+                keep: int | None = None) -> Handle:
         """Store the K/V of ids[start:] (given as kv) after the cached ids[:start]; returns the end
         handle, pinned for the rest of the call. Evicted segments the tokens run through are
-        refilled from kv when it covers them, else recomputed (so the handle is resident)."""
-        chain, m = self.store.lookup(ids)
-        self._pin(chain)
+        refilled from kv when it covers them, else recomputed (so the handle is resident).
+        found: the lookup of ids already made (and pinned); keep: cache only the first keep new
+        tokens' K/V (the segment still records every token)."""
+        if found is None:
+            chain, m = self.store.lookup(ids)
+            self._pin(chain)
+        else:
+            chain, m = found
         self._ensure_resident(chain, known=(start, kv))
         if m == len(ids):
             return chain[-1]
-        end = self.store.insert(chain, ids[m:], kv[:, :, :, m - start:])
+        part = kv[:, :, :, m - start:] if keep is None else kv[:, :, :, m - start:m - start + keep]
+        end = self.store.insert(chain, ids[m:], part)
         self._pin([end])
         return end
 
@@ -665,11 +670,7 @@ class Engine:
         fed = len(gen) - 1
         if not self.config.shares or fed <= 0 or end is None:
             return end
-        ids = row.ids + gen[:fed]
-        if end[0].resident_len < end[1]:  # its prompt's K/V was not kept: keep the generation as tokens only
-            chain, m = self.store.lookup(ids)
-            return chain[-1] if m == len(ids) else self.store.insert(chain, ids[m:], None)
-        end = self._store_kv(ids, len(row.ids), batch.row_kv(j, nmax, nmax + fed), free_only=True)
+        end = self._store_kv(row.ids + gen[:fed], len(row.ids), batch.row_kv(j, nmax, nmax + fed), free_only=True)
         self.store.note_peak(batch.nbytes)
         return end
 

@@ -354,13 +354,17 @@ class KVStore:
                     p = p.parent
         return sum(self.resident_bytes(s) for s in self.segments.values() if s.kv is not None and s.id not in blocked)
 
-    def can_hold(self, nbytes: int, *, free_only: bool = False) -> bool:
-        """Whether `nbytes` more fit in the budget once everything evictable (with free_only: only
-        what no owner holds, which `make_room` evicts first) is evicted. Checked before storing
-        optional K/V, so a full cache skips caching instead of failing."""
+    def room(self, *, free_only: bool = False) -> float:
+        """Bytes that fit in the budget once everything evictable (with free_only: only what no
+        owner holds, which `make_room` evicts first) is evicted; inf without a budget."""
         if self.budget is None:
-            return True
-        return self.bytes_held - self.reclaimable_bytes(free_only=free_only) + nbytes <= self.budget
+            return float("inf")
+        return self.budget - self.bytes_held + self.reclaimable_bytes(free_only=free_only)
+
+    def can_hold(self, nbytes: int, *, free_only: bool = False) -> bool:
+        """Whether `nbytes` more fit (see `room`). Checked before storing optional K/V, so a full
+        cache skips caching instead of failing."""
+        return nbytes <= self.room(free_only=free_only)
 
     def note_peak(self, extra_bytes: int = 0) -> None:
         """Record a peak including transient bytes (a running batch's own K/V)."""
