@@ -94,7 +94,8 @@ class Searcher:
         self.sampling = sampling or problem.sampling
         self.seed = seed
         self.progress = progress
-        self.keep_cache = keep_cache  # later solve() calls start with what the last search shared
+        self.keep_cache = keep_cache  # later solve() calls start with the last search's prompt K/V
+        self.partial_result: SearchResult | None = None  # set when a search stops on an exception
         self.engine: Engine | None = None
         self.tree = ThoughtTree()
         self._values: dict[str, float] = {}
@@ -141,10 +142,10 @@ class Searcher:
         """Run the strategy over self.tree; on any exception attach the partial result.
 
         The engine is fresh for the first search and after an interrupted one; otherwise, with
-        keep_cache, it keeps the K/V the last search shared (`Engine.new_search`), so a batch of
+        keep_cache, it keeps the last search's prompt K/V (`Engine.new_search`), so a batch of
         puzzles computes its few-shot templates once. Results are the same either way."""
         if (self.engine is None or not self.keep_cache or self.engine.config is not self.config
-                or getattr(self, "partial_result", None) is not None):
+                or self.partial_result is not None):
             self.engine = Engine(self.model, self.config)
         else:
             self.engine.new_search()
