@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ import torch
 
 from . import asks
 from .attention import BatchKV
+from .backend import FEATURES, Generation, Score
 from .config import RKSCConfig, Sampling
 from .errors import CacheBudgetError, ContextTooLongError, ProblemDefinitionError
 from .kvstore import Chain, KVStore, Segment
@@ -50,39 +50,6 @@ from .tokentrie import TokenTrie
 log = logging.getLogger(__name__)
 
 Handle = tuple[Segment, int]  # a context end in the KV store: (segment, used tokens)
-
-
-@dataclass
-class Generation:
-    """One generated continuation."""
-
-    text: str  # decoded output, cut before the first stop string
-    token_ids: list[int]  # every generated token id (the stop string's tokens included)
-    logprobs: list[float]  # log p of each generated token under the model (untempered)
-    finish: str  # "stop", "eos" or "length"
-    prompt_tokens: int
-    reused_tokens: int
-    handle: Handle | None = None  # where the context (prompt + fed-back tokens) ends in the store
-    asks_ref: int | None = None  # ASKS: index (in this call's prompts) of the prompt whose K/V it attached to
-    asks_sigma: float | None = None  # ASKS gate value when the prompt had a reference (attached or not)
-
-    @property
-    def confidence(self) -> float:
-        """Geometric-mean probability of the generated tokens."""
-        return math.exp(sum(self.logprobs) / len(self.logprobs)) if self.logprobs else 0.0
-
-
-@dataclass
-class Score:
-    """Next-token probabilities of a set of labels after a prompt."""
-
-    probs: dict[str, float]  # renormalised over the labels
-    raw: dict[str, float]  # probability of each label's first token over the whole vocabulary
-    layers_run: int
-    reused_tokens: int = 0
-    handle: Handle | None = None
-    asks_ref: int | None = None  # ASKS: index (in this call's prompts) of the prompt whose K/V it attached to
-    asks_sigma: float | None = None
 
 
 @dataclass
@@ -118,6 +85,9 @@ class Engine:
         self._known_order: list[str] = []
         self._calls = 0
         self.eos_ids = _eos_ids(lm)
+        self.name = lm.name
+        self.num_layers = lm.num_layers
+        self.features = frozenset(FEATURES)
 
     # -- tokenization ------------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -158,6 +128,12 @@ class Engine:
         for k in (len(gen), len(gen) - 1):
             tail = self.lm.tokenizer.decode(gen[:k], skip_special_tokens=False)
             self._remember(prompt + tail, list(prompt_ids) + gen[:k])
+
+    def token_offsets(self, generation: Generation) -> list[tuple[int, int]]:
+        """Character range in generation.text of each generated token."""
+        from .cgee import token_offsets
+
+        return token_offsets(self.lm.tokenizer, generation.token_ids)
 
     def label_token_ids(self, labels: Sequence[str]) -> list[int]:
         """First token id of each label; labels must start with distinct tokens."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cgee import span_confidence, token_offsets
+from .cgee import span_confidence
 from .config import RKSCConfig, Sampling
 from .engine import Engine, _mix
 from .limits import within_context
@@ -259,7 +259,7 @@ class Searcher:
                     continue
                 seen[n].add(key)
                 if c.span is not None and offsets is None:
-                    offsets = token_offsets(self.model.tokenizer, gen.token_ids)
+                    offsets = self.engine.token_offsets(gen)
                 # CGEE Level 1: the child's own confidence (its span's tokens), else the generation's
                 confidence = span_confidence(offsets or [], gen.logprobs, c.span, len(gen.text))
                 kept.append((c, confidence, *self._flags(c.state)))

@@ -75,7 +75,7 @@ class Verifier:
         rule = LayerExit(self.t) if self.active else (LayerRecorder() if self.trace is not None else None)
         scores = self.engine.score(run, labels, owners=[pending[q][0] for q in run], exit_rule=rule)
         stats.verify_layers_run += sum(s.layers_run for s in scores)
-        stats.verify_layers_full += self.engine.lm.num_layers * len(scores)
+        stats.verify_layers_full += self.engine.num_layers * len(scores)
         if isinstance(rule, LayerRecorder):
             for q, traj, s in zip(run, rule.rows(), scores):
                 self.trace[q] = traj + [[s.probs[lab] for lab in labels]]
@@ -84,7 +84,7 @@ class Verifier:
         for q, s in zip(run, scores):
             for n in pending[q]:
                 if n not in skipped:
-                    full = s.layers_run == self.engine.lm.num_layers
+                    full = s.layers_run == self.engine.num_layers
                     tree.node(n)["cgee"] = "full" if full else f"exit@{s.layers_run}"
                     if getattr(s, "asks_ref", None) is not None:  # ASKS: value prompt attached to another's K/V
                         tree.node(n)["asks_value"] = {"ref": pending[run[s.asks_ref]][0], "sigma": s.asks_sigma}
