@@ -14,7 +14,8 @@ import pytest
 from reliability_problems import Words, assert_same_tree, one_thread, tree_data  # one_thread: autouse fixture
 from treesearch import Child, RKSCConfig, Searcher
 from treesearch.cgee import span_confidence, span_tokens, token_offsets
-from treesearch.engine import Engine, _mix
+from treesearch.engine import Engine
+from treesearch.seeds import stable_seed
 from treesearch.errors import ProblemDefinitionError
 
 # Two move lines and the start of a stop string, as SmolLM2's tokenizer splits them (38 tokens):
@@ -99,7 +100,7 @@ def test_searcher_gives_each_child_its_spans_confidence(tiny_lm):
     tree = res.tree
     # the root's generation again, same prompt and per-node seed: its tokens and log p are known
     gen = Engine(tiny_lm, RKSCConfig()).generate([problem.expand_prompt(tree.node(0)["state"])], problem.sampling,
-                                                 seeds=[_mix(0, 0, 0)])[0]
+                                                 seeds=[stable_seed(0, 0, 0)])[0]
     assert tree.node(0)["generation_ids"] == [gen.token_ids]
     offs = token_offsets(tiny_lm.tokenizer, gen.token_ids)
     words = list(re.finditer(r"\S+", gen.text))
@@ -122,7 +123,7 @@ def test_children_without_spans_keep_the_generation_confidence(tiny_lm):
     tree = res.tree
     gen = Engine(tiny_lm, RKSCConfig()).generate([Words().expand_prompt(tree.node(0)["state"])],
                                                  Words(max_new_tokens=8, temperature=1.0).sampling,
-                                                 seeds=[_mix(0, 0, 0)])[0]
+                                                 seeds=[stable_seed(0, 0, 0)])[0]
     kids = sorted(tree.graph.successors(0))
     assert [tree.node(c)["confidence"] for c in kids] == pytest.approx([gen.confidence] * 3, rel=1e-6)
 

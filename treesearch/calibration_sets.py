@@ -119,7 +119,8 @@ def collect_game24_batched(lm, start: int, end: int, *, breadth: int = 5, group:
     `checkpoint(ds)` after each group."""
     from .cgee import span_confidence, token_offsets
     from .config import RKSCConfig
-    from .engine import Engine, _mix
+    from .engine import Engine
+    from .seeds import stable_seed
     from .tasks.game24 import Game24, load_puzzles
     from .verify import LayerRecorder
 
@@ -144,7 +145,7 @@ def collect_game24_batched(lm, start: int, end: int, *, breadth: int = 5, group:
             if not live:
                 break
             gens = engine.generate([problem.expand_prompt(st) for _, _, st in live], problem.sampling,
-                                   seeds=[_mix(seed, n, 0) for _, n, _ in live])
+                                   seeds=[stable_seed(seed, n, 0) for _, n, _ in live])
             cands: dict[int, list[tuple[int, int, object, float]]] = {p: [] for p in kept}
             for (p, n, st), gen in zip(live, gens):
                 seen, offsets = set(), None

@@ -27,7 +27,6 @@ With `kv_sharing="asks"`, `_asks_attach` runs before the prefill (see `treesearc
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +43,7 @@ from .errors import CacheBudgetError, ContextTooLongError, ProblemDefinitionErro
 from .kvstore import Chain, KVStore, Segment
 from .rsbcm import Priority, RSBCMPolicy
 from .runtime import LanguageModel
+from .seeds import stable_seed
 from .stats import Stats
 from .tokentrie import TokenTrie
 
@@ -199,7 +199,7 @@ class Engine:
         self._calls += 1
         self.stats.generate_calls += 1
         if seeds is None:
-            seeds = [_mix(sampling.seed, self._calls, i) for i in range(len(prompts))]
+            seeds = [stable_seed(sampling.seed, self._calls, i) for i in range(len(prompts))]
         out: list[Generation] = []
         for lo in range(0, len(prompts), self.max_batch):
             hi = lo + self.max_batch
@@ -754,12 +754,6 @@ def _count_prompt(end: Handle) -> None:
 
 def _ceil(n: int, d: int) -> int:
     return -(-n // d)
-
-
-def _mix(*parts: int) -> int:
-    """A stable 63-bit seed from integers (independent of PYTHONHASHSEED)."""
-    h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & 0x7FFFFFFFFFFFFFFF
 
 
 def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> tuple[int, float]:

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from .cgee import span_confidence
+from .backend import Backend, require_features
 from .config import RKSCConfig, Sampling
-from .engine import Engine, _mix
+from .engine import Engine
+from .seeds import stable_seed
 from .limits import within_context
 from .errors import ProblemDefinitionError, ResumeError, SaveFileError
 from .problem import Child, Problem, check_children, check_problem, check_prompt, check_value
@@ -74,12 +76,13 @@ class SearchResult:
 
 
 class Searcher:
-    """Solve a `Problem` with a strategy (default BFS) and a language model.
+    """Solve a `Problem` with a strategy (default BFS) and a language model: a local
+    `LanguageModel` (run by a local `Engine`) or any `treesearch.backend.Backend` (e.g. a server).
 
     keep_cache (default True): later solve() calls start with the K/V of the last search's prompts
     (few-shot templates), so a test set computes them once; results are the same without it."""
 
-    def __init__(self, model: LanguageModel, problem: Problem, strategy: Any = None,
+    def __init__(self, model: LanguageModel | Backend, problem: Problem, strategy: Any = None,
                  config: RKSCConfig | None = None, *, sampling: Sampling | None = None, seed: int = 0,
                  progress: bool = True, keep_cache: bool = True) -> None:
         check_problem(problem)
@@ -96,7 +99,13 @@ class Searcher:
         self.progress = progress
         self.keep_cache = keep_cache  # later solve() calls start with the last search's prompt K/V
         self.partial_result: SearchResult | None = None  # set when a search stops on an exception
-        self.engine: Engine | None = None
+        self.backend: Backend | None = None if isinstance(model, LanguageModel) else model
+        if self.backend is not None:
+            if not isinstance(self.backend, Backend):
+                raise TypeError(f"Searcher needs a LanguageModel (treesearch.load_model()) or a Backend "
+                                f"(e.g. treesearch.ServerEngine(...)); got {type(model).__name__}")
+            require_features(self.backend, self.config)
+        self.engine: Backend | None = None
         self.tree = ThoughtTree()
         self._values: dict[str, float] = {}
         self._bar = None
@@ -144,7 +153,10 @@ class Searcher:
         The engine is fresh for the first search and after an interrupted one; otherwise, with
         keep_cache, it keeps the last search's prompt K/V (`Engine.new_search`), so a batch of
         puzzles computes its few-shot templates once. Results are the same either way."""
-        if (self.engine is None or not self.keep_cache or self.engine.config is not self.config
+        if self.backend is not None:
+            self.engine = self.backend
+            self.engine.new_search()
+        elif (self.engine is None or not self.keep_cache or self.engine.config is not self.config
                 or self.partial_result is not None):
             self.engine = Engine(self.model, self.config)
         else:
@@ -241,7 +253,7 @@ class Searcher:
             prompt = check_prompt(p, "expand_prompt", p.expand_prompt(tree.node(n)["state"]))
             for j in range(k):
                 prompts.append(prompt)
-                seeds.append(_mix(self.seed, n, j))
+                seeds.append(stable_seed(self.seed, n, j))
                 owners.append(n)
                 who.append(n)
         gens = self.engine.generate(prompts, self.sampling, seeds=seeds, owners=owners)
@@ -334,7 +346,7 @@ class Searcher:
 
         v = getattr(self, "_verifier_obj", None)
         if v is None or v.engine is not self.engine:
-            t = thresholds_for(self.config, self.model.name, self.problem.name)
+            t = thresholds_for(self.config, self.engine.name, self.problem.name)
             v = Verifier(self.engine, self.problem, self.config, t, trace=getattr(self, "cgee_trace", None))
             self._verifier_obj = v
         return v

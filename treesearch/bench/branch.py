@@ -10,12 +10,12 @@ verification (values from generation confidence), Level 2 may stop each scoring 
 
 from __future__ import annotations
 
-import hashlib
 import time
 
 from ..config import RKSCConfig, Sampling
 from ..engine import Engine
 from ..runtime import LanguageModel
+from ..seeds import stable_seed
 from ..tasks.choice import extract_choice
 from ..tasks.gsm8k import extract_number
 from .prompts import BRANCH_STOP, VERIFY_LABELS, branch_prompt, verify_prompt
@@ -25,12 +25,6 @@ TEMPERATURE = 0.7
 TOP_P = 0.95
 MAX_NEW_TOKENS = {"gsm8k": 160, "arc_challenge": 96, "mmlu_stem": 96}
 CALIBRATION_TASK = {"gsm8k": "gsm8k", "arc_challenge": "arc", "mmlu_stem": "mmlu"}  # keys of calibration/*.json
-
-
-def seed_of(*parts: int | str) -> int:
-    """A stable 63-bit seed from parts (independent of PYTHONHASHSEED)."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFFFFFFFFFF
 
 
 def weighted_vote(answers: list[str | None], weights: list[float]) -> str | None:
@@ -97,7 +91,7 @@ def run_branch(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *
         prompt = branch_prompt(item)
         t0 = time.perf_counter()
         gens = engine.generate([prompt] * branches, sampling,
-                               seeds=[seed_of(seed, task, idx, j) for j in range(branches)])
+                               seeds=[stable_seed(seed, task, idx, j) for j in range(branches)])
         if task == "gsm8k":
             answers = [extract_number(g.text) for g in gens]
         else:

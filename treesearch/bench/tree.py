@@ -16,7 +16,8 @@ from ..config import RKSCConfig, Sampling
 from ..engine import Engine
 from ..runtime import LanguageModel
 from ..tasks.gsm8k import extract_number
-from .branch import TEMPERATURE, TOP_P, seed_of
+from ..seeds import stable_seed
+from .branch import TEMPERATURE, TOP_P
 from .prompts import TREE_LEVELS, TREE_STOP, tree_prompt
 from .workloads import RunResult, Tick
 
@@ -51,7 +52,7 @@ def run_tree(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *, 
             carried = [t for t in parents_text for _ in range(WIDTH)]
             sampling = Sampling(max_new_tokens=max_new, temperature=TEMPERATURE, top_p=TOP_P, stop=TREE_STOP)
             gens = engine.generate(prompts, sampling,
-                                   seeds=[seed_of(seed, "tree", idx, level, k) for k in range(len(prompts))])
+                                   seeds=[stable_seed(seed, "tree", idx, level, k) for k in range(len(prompts))])
             batches.append(prompts)
             if level < len(TREE_LEVELS):
                 contexts = [p + g.text + TREE_LEVELS[level] for p, g in zip(prompts, gens)]
