@@ -83,10 +83,10 @@ def test_open_gate_attaches_to_the_reference_suffix_kv_and_counts_it(tiny_lm):
     assert all(abs(a[0].probs[k] - b[0].probs[k]) <= 1e-4 for k in LABELS)
     ref_chain = {c.id: c for c, _ in b[0].handle[0].context_chain()}
     for p in pairs:
-        attached = [s for s, _ in b[p.row].handle[0].context_chain() if s.asks_ref is not None]
+        attached = [s for s, _ in b[p.row].handle[0].context_chain() if s.id in ak.asks.refs]
         assert len(attached) == 1 and len(attached[0]) == p.suffix - 1
         s = attached[0]
-        src = ref_chain[s.asks_ref]
+        src = ref_chain[ak.asks.refs[s.id]]
         off = s.start - src.start
         assert torch.equal(s.kv, src.kv[:, :, :, off:off + len(s)])
     ak.store.check_invariants()

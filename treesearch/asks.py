@@ -24,8 +24,9 @@ take the exact path (prefix lookup) first.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -113,3 +114,58 @@ def sigma(h_branch: torch.Tensor, h_ref: torch.Tensor, alpha: float) -> float:
 def pooled(hidden: Sequence[torch.Tensor], row: int, lo: int, hi: int) -> torch.Tensor:
     """Mean over positions [lo, hi) of one row of each layer's output -> [L, hidden]."""
     return torch.stack([h[row, lo:hi].float().mean(dim=0) for h in hidden])
+
+
+class Gate:
+    """ASKS for one engine: the attach step and its records, every gate decision (`log`: sigma,
+    attached, tokens reused) and which segment took its K/V from which (`refs`: segment id ->
+    the reference context's segment id)."""
+
+    def __init__(self, alpha: float, tau: float) -> None:
+        self.alpha, self.tau = alpha, tau
+        self.log: list[dict] = []
+        self.refs: dict[int, int] = {}
+
+    def attach(self, rows: list, cache: Any, prefill: Callable[..., Any], stats: Any) -> None:
+        """One pre-pass computes each reference row up to its last token and each candidate row up
+        to its common suffix, capturing hidden states; candidates whose gate opens take the
+        reference's K/V for the suffix (all but the last token). rows: `treesearch.kvcache.Row`s
+        already looked up; cache: their `CacheManager`; prefill(chains, news, starts, capture=list)
+        -> (batch, _) runs the model."""
+        pairs = pair_rows([r.ids for r in rows], [r.matched for r in rows])
+        if not pairs:
+            return
+        cand = {p.row: p for p in pairs}
+        order = sorted({p.ref for p in pairs}) + sorted(cand)
+        ends = {i: len(rows[i].ids) - (cand[i].suffix if i in cand else 1) for i in order}
+        for i in order:
+            cache.pin(rows[i].chain)
+        for i in order:
+            cache.ensure_resident(rows[i].chain)
+        if not cache.fits_free([ends[i] - rows[i].matched for i in order]):
+            return  # no free room for the pre-pass: no gate this call (exact only)
+        hidden: list[torch.Tensor] = []
+        batch, _ = prefill([rows[i].chain for i in order], [rows[i].ids[rows[i].matched:ends[i]] for i in order],
+                           [rows[i].matched for i in order], capture=hidden)
+        at = {i: b for b, i in enumerate(order)}
+        handles = {i: cache.insert(rows[i].ids[:ends[i]], rows[i].matched,
+                                   batch.row_kv(at[i], 0, ends[i] - rows[i].matched)) for i in order}
+        for p in pairs:
+            r, f = rows[p.row], rows[p.ref]
+            lo, hi = p.span(len(r.ids))
+            hb = pooled(hidden, at[p.row], max(lo, r.matched) - r.matched, hi - r.matched)
+            hr = pooled(hidden, at[p.ref], max(lo, f.matched) - f.matched, hi - f.matched)
+            cos = layer_cosines(hb, hr)
+            r.asks_sigma = sigma_from_cosines(cos, self.alpha)
+            n = len(r.ids)
+            attach = r.asks_sigma >= self.tau
+            self.log.append({"sigma": r.asks_sigma, "attached": attach, "tokens": n - 1 - hi, "cos": cos,
+                             "row": p.row, "ref": p.ref})
+            if not attach:
+                continue
+            end = cache.insert(r.ids[:n - 1], hi, batch.row_kv(at[p.ref], hi - f.matched, n - 1 - f.matched))
+            self.refs[end[0].id] = handles[p.ref][0].id
+            r.asks_ref = p.ref
+            stats.asks_attached += 1
+            stats.asks_extra_reused += n - 1 - hi
+        cache.lookup(rows)

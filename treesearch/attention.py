@@ -1,8 +1,9 @@
 """Shared-prefix attention, registered with transformers' AttentionInterface as "treesearch".
 
 A running batch (`BatchKV`) attends over two kinds of keys:
-- cached segments (`treesearch.kvstore`): K/V read in place, one matmul per distinct
-  (segment, used) pair for all the rows that share it; no copy, whatever the batch size;
+- cached prefix runs (tensors handed in by the caller; this module knows nothing of the cache):
+  K/V read in place, one matmul per distinct (run, used) pair for all the rows that share it;
+  no copy, whatever the batch size;
 - the batch's own buffer: each row's new prompt tokens and generated tokens, causal.
 
 The partial results are merged exactly with log-sum-exp weights (the Hydragen decomposition):
@@ -20,13 +21,13 @@ from typing import Any
 
 import torch
 
-from .kvstore import Chain
-
 ATTN_NAME = "treesearch"
+
+Prefix = list[tuple[torch.Tensor, int]]  # a row's cached K/V runs: (kv [L, 2, Hkv, n, d], tokens used)
 
 
 class BatchKV:
-    """K/V of one running batch: a per-row local buffer plus the cached chains each row extends."""
+    """K/V of one running batch: a per-row local buffer plus the cached prefix runs each row extends."""
 
     def __init__(self, num_layers: int, batch: int, kv_heads: int, head_dim: int, capacity: int,
                  dtype: torch.dtype, device: Any) -> None:
@@ -47,17 +48,19 @@ class BatchKV:
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
-    def set_chains(self, chains: list[Chain]) -> None:
-        """Group rows by the cached (segment, used) pairs they attend over."""
-        by_key: dict[tuple[int, int], tuple[Any, int, list[int]]] = {}
-        for row, chain in enumerate(chains):
-            for seg, used in chain:
-                assert seg.kv is not None, f"segment {seg.id} is not resident; recompute it before attending"
-                by_key.setdefault((seg.id, used), (seg, used, []))[2].append(row)
-        b = len(chains)
+    def set_prefixes(self, prefixes: list[Prefix]) -> None:
+        """Group rows by the cached K/V runs they attend over: prefixes[b] is row b's list of
+        (kv [L, 2, Hkv, n, d], used) pairs, in context order; a run shared by several rows (the
+        same tensor and length) is read once for all of them."""
+        by_key: dict[tuple[int, int], tuple[torch.Tensor, int, list[int]]] = {}
+        for row, prefix in enumerate(prefixes):
+            for kv, used in prefix:
+                assert kv is not None, "a prefix's K/V is missing: make it resident before attending"
+                by_key.setdefault((id(kv), used), (kv, used, []))[2].append(row)
+        b = len(prefixes)
         self.groups = [
-            (seg, used, None if len(rows) == b else torch.tensor(rows, dtype=torch.long, device=self.k.device))
-            for seg, used, rows in by_key.values()
+            (kv, used, None if len(rows) == b else torch.tensor(rows, dtype=torch.long, device=self.k.device))
+            for kv, used, rows in by_key.values()
         ]
 
     def begin(self, write_pos: int, new_valid: torch.Tensor) -> None:
@@ -89,9 +92,8 @@ class BatchKV:
         scores = scores.masked_fill(~mask, float("-inf"))
         lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [B, Hkv, gn, 1]
         out = torch.matmul(torch.exp(scores - lse), self.v[layer, :, :, :t])  # [B, Hkv, gn, d]
-        for seg, used, rows in self.groups:
-            out, lse = _merge_segment(qg, out, lse, seg.kv[layer, 0, :, :used], seg.kv[layer, 1, :, :used],
-                                      rows, scaling)
+        for kv, used, rows in self.groups:
+            out, lse = _merge_prefix(qg, out, lse, kv[layer, 0, :, :used], kv[layer, 1, :, :used], rows, scaling)
         return out.reshape(bsz, heads, n, d).transpose(1, 2)
 
     def select(self, keep: list[int]) -> None:
@@ -104,14 +106,14 @@ class BatchKV:
             self._mask = self._mask.index_select(0, idx)
         remap = {old: new for new, old in enumerate(keep)}
         groups = []
-        for seg, used, rows in self.groups:
+        for kv, used, rows in self.groups:
             if rows is None:  # every row attends over it; still true for the rows kept
-                groups.append((seg, used, None))
+                groups.append((kv, used, None))
                 continue
             kept = [remap[r] for r in rows.tolist() if r in remap]
             if kept:
                 t = None if len(kept) == len(keep) else torch.tensor(kept, dtype=torch.long, device=self.k.device)
-                groups.append((seg, used, t))
+                groups.append((kv, used, t))
         self.groups = groups
 
     def row_kv(self, row: int, start: int, end: int) -> torch.Tensor:
@@ -119,8 +121,8 @@ class BatchKV:
         return torch.stack((self.k[:, row, :, start:end], self.v[:, row, :, start:end]), dim=1).clone()
 
 
-def _merge_segment(qg, out, lse, ks, vs, rows, scaling):
-    """Attend rows' queries over one cached segment [Hkv, m, d] and merge into (out, lse)."""
+def _merge_prefix(qg, out, lse, ks, vs, rows, scaling):
+    """Attend rows' queries over one cached K/V run [Hkv, m, d] and merge into (out, lse)."""
     q = qg if rows is None else qg.index_select(0, rows)  # [r, Hkv, gn, d]
     r, hkv, gn, d = q.shape
     qh = q.transpose(0, 1).reshape(hkv, r * gn, d)

@@ -69,8 +69,6 @@ class Segment:
     children: dict = field(default_factory=dict)  # (offset, first_token) -> Segment
     last_use: int = 0
     first_block: int = 0  # block ids are first_block .. first_block + blocks - 1
-    asks_ref: int | None = None  # ASKS: K/V taken from the reference context ending in this segment id
-    hits: int = 0  # prompt contexts of this search that ran through it (counted by the engine)
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 
 @dataclass
@@ -40,6 +40,11 @@ class Stats:
     peak_kv_bytes: int = 0
     wall_s: float = 0.0
     verify_s: float = 0.0  # wall seconds spent in LM verification (valuation) calls, CGEE included
+
+    def reset(self) -> None:
+        """Zero every counter in place (the engine's parts share this one object)."""
+        for f in fields(self):
+            setattr(self, f.name, f.default)
 
     def as_dict(self) -> dict:
         return asdict(self)

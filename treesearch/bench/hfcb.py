@@ -121,9 +121,9 @@ def replay_hf(lm: LanguageModel, inputs: list[list[list[int]]], max_new_tokens: 
 
 
 def _eos(lm: LanguageModel) -> set[int]:
-    from ..engine import _eos_ids
+    from ..forward import eos_token_ids
 
-    return _eos_ids(lm)
+    return eos_token_ids(lm)
 
 
 def _request_index(key: str) -> tuple[int, str]:
