@@ -33,7 +33,7 @@ def _beam(a: argparse.Namespace) -> Beam:
 
 def _mcts(a: argparse.Namespace) -> MCTS:
     return MCTS(iterations=_given(a.iterations, MCTS.iterations), exploration=_given(a.exploration, MCTS.exploration),
-                max_depth=a.depth, seed=getattr(a, "seed", 0))
+                max_depth=a.depth, seed=a.seed)
 
 
 def _dfs(a: argparse.Namespace) -> DFS:

@@ -1,9 +1,10 @@
-"""The strategy interface: a strategy holds configuration only and drives a Searcher.
+"""The strategy interface: a strategy holds configuration only and drives a `SearchOps`.
 
 A strategy reads `searcher.tree` (a `treesearch.ThoughtTree`) and `searcher.problem` (for
-`max_depth`, `value_range`) and calls the searcher's operations `expand(nodes)`,
-`evaluate(nodes)`, `prune(nodes)`, `mark_solution(node)`. It never touches the model, the
-tokenizer or the KV cache. `run` returns the id of the best node (or None).
+`max_depth`, `value_range`) and calls the operations `expand(nodes)`, `evaluate(nodes)`,
+`prune(nodes)`, `mark_solution(node)`: the protocol `treesearch.ops.SearchOps`, which the
+`Searcher` implements with a model and `strategies.testing.TableSearcher` without one. It never
+touches the model, the tokenizer or the KV cache. `run` returns the id of the best node (or None).
 
 Resumable by construction. Every strategy here is written as a *replay*: `run` starts from the
 root each time and asks for the tree's children and scores through `expand_once` and
@@ -20,24 +21,28 @@ method that uses the helpers below.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from treesearch.ops import SearchOps
+    from treesearch.tree import ThoughtTree
 
 
 class Strategy(Protocol):
     """What `Searcher` needs from a strategy."""
 
-    def run(self, searcher: Any) -> int | None:
+    def run(self, searcher: SearchOps) -> int | None:
         """Search the tree held by `searcher`; return the best node id."""
         ...
 
 
-def is_expanded(tree: Any, n: int) -> bool:
+def is_expanded(tree: ThoughtTree, n: int) -> bool:
     """True once the searcher has expanded node n (even if that gave no children)."""
     d = tree.node(n)
     return "empty_expansion" in d or d["status"] == "expanded"
 
 
-def expand_once(searcher: Any, nodes: list[int]) -> list[list[int]]:
+def expand_once(searcher: SearchOps, nodes: list[int]) -> list[list[int]]:
     """Children of each node; the nodes not yet expanded are expanded in one batched call.
 
     Children come back in creation order (ascending id), the order `searcher.expand` returns."""
@@ -48,7 +53,7 @@ def expand_once(searcher: Any, nodes: list[int]) -> list[list[int]]:
     return [tree.children(n) for n in nodes]
 
 
-def evaluate_once(searcher: Any, nodes: list[int]) -> list[float]:
+def evaluate_once(searcher: SearchOps, nodes: list[int]) -> list[float]:
     """Score of each node; the nodes not yet scored are evaluated in one batched call."""
     tree = searcher.tree
     todo = [n for n in dict.fromkeys(nodes) if tree.node(n)["score"] is None]
@@ -57,7 +62,7 @@ def evaluate_once(searcher: Any, nodes: list[int]) -> list[float]:
     return [tree.node(n)["score"] for n in nodes]
 
 
-def depth_limit(own: int | None, searcher: Any) -> int:
+def depth_limit(own: int | None, searcher: SearchOps) -> int:
     """The strategy's own depth limit if set, else the problem's `max_depth`."""
     limit = own if own is not None else searcher.problem.max_depth
     if limit < 0:
@@ -65,13 +70,13 @@ def depth_limit(own: int | None, searcher: Any) -> int:
     return limit
 
 
-def best_by_score(tree: Any, nodes: list[int]) -> int | None:
+def best_by_score(tree: ThoughtTree, nodes: list[int]) -> int | None:
     """Highest-scoring node, earliest id on ties; solved nodes first."""
     if not nodes:
         return None
     return max(nodes, key=lambda n: (tree.node(n)["solved"], _score(tree, n), -n))
 
 
-def _score(tree: Any, n: int) -> float:
+def _score(tree: ThoughtTree, n: int) -> float:
     s = tree.node(n)["score"]
     return float("-inf") if s is None else s

@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from treesearch.errors import ConfigError
 
 from .base import depth_limit, evaluate_once, expand_once
+
+if TYPE_CHECKING:
+    from treesearch.ops import SearchOps
+    from treesearch.tree import ThoughtTree
 
 AGGREGATES = ("last", "mean", "min", "product")
 
@@ -47,7 +51,7 @@ class Beam:
         if self.aggregate not in AGGREGATES:
             raise ConfigError(f"aggregate={self.aggregate!r}; use one of {', '.join(AGGREGATES)}")
 
-    def path_score(self, tree: Any, n: int) -> float:
+    def path_score(self, tree: ThoughtTree, n: int) -> float:
         """The aggregated score of the path from the root to n (scored nodes only)."""
         scores = [tree.node(m)["score"] for m in tree.path(n)]
         scores = [s for s in scores if s is not None]
@@ -61,7 +65,7 @@ class Beam:
             return min(scores)
         return math.prod(scores)
 
-    def run(self, searcher: Any) -> int | None:
+    def run(self, searcher: SearchOps) -> int | None:
         tree = searcher.tree
         beam, finished = [tree.root], []
         for _ in range(depth_limit(self.max_depth, searcher)):

@@ -11,11 +11,14 @@ Resumable: expansions and scores already on the tree are reused (see `strategies
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from treesearch.errors import ConfigError
 
 from .base import best_by_score, depth_limit, evaluate_once, expand_once
+
+if TYPE_CHECKING:
+    from treesearch.ops import SearchOps
 
 
 @dataclass(kw_only=True)
@@ -29,7 +32,7 @@ class BFS:
         if self.breadth < 1:
             raise ConfigError(f"breadth={self.breadth}; use at least 1")
 
-    def run(self, searcher: Any) -> int | None:
+    def run(self, searcher: SearchOps) -> int | None:
         tree = searcher.tree
         kept = [tree.root]
         for _ in range(depth_limit(self.max_depth, searcher)):

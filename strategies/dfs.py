@@ -14,11 +14,15 @@ best visited state (solved, terminal, value, lower id). Implemented with an expl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from treesearch.errors import ConfigError
 
 from .base import depth_limit, evaluate_once, expand_once
+
+if TYPE_CHECKING:
+    from treesearch.ops import SearchOps
+    from treesearch.tree import ThoughtTree
 
 
 @dataclass(kw_only=True)
@@ -34,7 +38,7 @@ class DFS:
         if self.max_states < 1:
             raise ConfigError(f"max_states={self.max_states}; use at least 1 expansion")
 
-    def run(self, searcher: Any) -> int | None:
+    def run(self, searcher: SearchOps) -> int | None:
         tree = searcher.tree
         limit = depth_limit(self.max_depth, searcher)
         stack, visited, expansions = [tree.root], [], 0
@@ -65,7 +69,7 @@ class DFS:
         return self._answer(tree, visited)
 
     @staticmethod
-    def _answer(tree: Any, visited: list[int]) -> int | None:
+    def _answer(tree: ThoughtTree, visited: list[int]) -> int | None:
         scored = [n for n in visited if n == tree.root or tree.node(n)["score"] is not None]
         if not scored:
             return None

@@ -34,11 +34,15 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from treesearch.errors import ConfigError
 
 from .base import depth_limit, evaluate_once, expand_once
+
+if TYPE_CHECKING:
+    from treesearch.ops import SearchOps
+    from treesearch.tree import ThoughtTree
 
 
 @dataclass(kw_only=True)
@@ -65,7 +69,7 @@ class MCTS:
             if value not in allowed:
                 raise ConfigError(f"{name}={value!r}; use one of {', '.join(allowed)}")
 
-    def run(self, searcher: Any) -> int | None:
+    def run(self, searcher: SearchOps) -> int | None:
         tree = searcher.tree
         limit = depth_limit(self.max_depth, searcher)
         while tree.node(tree.root)["visits"] < self.iterations:
@@ -80,7 +84,7 @@ class MCTS:
         return self._answer(tree)
 
     # -- the four phases -------------------------------------------------------------------------
-    def _select(self, searcher: Any, limit: int) -> list[int]:
+    def _select(self, searcher: SearchOps, limit: int) -> list[int]:
         tree = searcher.tree
         path = [tree.root]
         while True:
@@ -94,13 +98,13 @@ class MCTS:
             puct = all(tree.node(c).get("prior") is not None for c in kids)
             path.append(max(kids, key=lambda c: self._key(searcher, d["visits"], c, puct)))
 
-    def _open(self, searcher: Any, n: int) -> list[int]:
+    def _open(self, searcher: SearchOps, n: int) -> list[int]:
         kids = expand_once(searcher, [n])[0]
         if kids and self.evaluation == "value":
             evaluate_once(searcher, kids)
         return kids
 
-    def _key(self, searcher: Any, parent_visits: int, c: int, puct: bool) -> tuple:
+    def _key(self, searcher: SearchOps, parent_visits: int, c: int, puct: bool) -> tuple:
         """Selection key of child c (see the module doc): (UCT or PUCT, prior, score, -id)."""
         d = searcher.tree.node(c)
         prior = d.get("prior")
@@ -114,7 +118,7 @@ class MCTS:
             key = q + self.exploration * math.sqrt(math.log(parent_visits) / d["visits"])
         return (key, 0.0 if prior is None else prior, score, -c)
 
-    def _q(self, searcher: Any, n: int) -> float:
+    def _q(self, searcher: SearchOps, n: int) -> float:
         d = searcher.tree.node(n)
         q = d["value_sum"] / d["visits"]
         lo, hi = searcher.problem.value_range
@@ -122,7 +126,7 @@ class MCTS:
             return (q - lo) / (hi - lo)
         return q
 
-    def _simulate(self, searcher: Any, leaf: int, limit: int) -> float:
+    def _simulate(self, searcher: SearchOps, leaf: int, limit: int) -> float:
         tree = searcher.tree
         x = leaf
         if self.evaluation == "rollout":
@@ -140,7 +144,7 @@ class MCTS:
             searcher.mark_solution(x)
         return g
 
-    def _answer(self, tree: Any) -> int | None:
+    def _answer(self, tree: ThoughtTree) -> int | None:
         def mean(n: int) -> float:
             d = tree.node(n)
             return d["value_sum"] / d["visits"] if d["visits"] else float("-inf")

@@ -1,26 +1,36 @@
-"""Tools for testing strategies: `TableProblem`, a Problem whose whole tree is given as a table, and
-`RecordingSearcher`, a real Searcher that records the batches a strategy hands to each operation.
+"""Tools for testing strategies without a model (nothing here imports torch):
 
-The model still runs for every expansion (the searcher generates as usual), but `parse_children`
-ignores the text and returns the children listed for the state, with the listed values, priors
-and answers. So the tree a strategy builds is known exactly and its expansion order, beam
-contents or MCTS statistics can be checked by hand. Use it to test your own strategy:
+- `TableProblem`, a Problem whose whole tree is given as a table: `parse_children` ignores the
+  text and returns the children listed for the state, with the listed values, priors and answers,
+  so the tree a strategy builds is known exactly;
+- `TableSearcher`, a model-free `treesearch.ops.SearchOps` that runs a strategy over such a
+  problem and records, in `log`, the batches the strategy hands to `expand` and `evaluate`.
+
+So expansion order, beam contents or MCTS statistics can be checked by hand, in milliseconds:
 
     problem = TableProblem({"": ["a", "b"], "a": ["a1"], "b": []}, {"a": .9, "b": .2, "a1": 1.0},
                            terminal={"a1"}, solved={"a1"})
-    searcher = RecordingSearcher(tiny_model(), problem, MyStrategy(), progress=False)
+    searcher = TableSearcher(problem, MyStrategy())
     result = searcher.solve("")
     assert searcher.ops("expand") == [[0], [1]]   # root first, then a (node 1)
+
+`strategies.recording.RecordingSearcher` records the same way around the real `Searcher`.
 """
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from treesearch.config import Sampling
-from treesearch.problem import Child, Problem
-from treesearch.searcher import Searcher
+from treesearch.errors import ProblemDefinitionError
+from treesearch.problem import Child, Problem, check_children, check_problem, check_prompt, check_value
+from treesearch.tree import ThoughtTree
+
+from .base import Strategy
 
 
 class TableProblem(Problem):
@@ -94,21 +104,129 @@ class TableProblem(Problem):
         return state if state in self.terminal else None
 
 
-class RecordingSearcher(Searcher):
-    """A real Searcher that also records, in `log`, each operation a strategy calls and its nodes."""
+class Recording:
+    """Mixin for a `SearchOps` implementation: records in `log` each `expand` / `evaluate` call a
+    strategy makes, with its nodes."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.log: list[tuple[str, list[int]]] = []
 
     def expand(self, nodes: list[int]) -> list[list[int]]:
         self.log.append(("expand", list(nodes)))
-        return super().expand(nodes)
+        return super().expand(nodes)  # type: ignore[misc]
 
     def evaluate(self, nodes: list[int]) -> list[float]:
         self.log.append(("evaluate", list(nodes)))
-        return super().evaluate(nodes)
+        return super().evaluate(nodes)  # type: ignore[misc]
 
     def ops(self, kind: str) -> list[list[int]]:
         """The node batches of every `kind` ("expand" or "evaluate") call, in order."""
         return [nodes for k, nodes in self.log if k == kind]
+
+
+@dataclass
+class TableResult:
+    """What `TableOps.solve` and `TableOps.resume` return."""
+
+    tree: ThoughtTree
+    best: int | None
+    answer: str | None
+    solved: bool
+
+
+class TableOps:
+    """`SearchOps` without a model, as the `Searcher` does them: every generation is the empty
+    string (`samples_per_expand` per node), every value is the problem's programmatic one.
+
+    An expansion calls the problem first and writes the tree after, so an exception leaves the
+    tree as it was; `resume(tree)` runs the strategy again over a copy of an interrupted tree."""
+
+    def __init__(self, problem: Problem, strategy: Strategy, *, seed: int = 0) -> None:
+        check_problem(problem)
+        self.problem = problem
+        self.strategy = strategy
+        self.seed = seed
+        self.tree = ThoughtTree()
+
+    def solve(self, x: object) -> TableResult:
+        self.tree = ThoughtTree()
+        self.tree.meta.update(problem=self.problem.name, input=str(x), seed=self.seed,
+                              strategy=type(self.strategy).__name__)
+        root = self.tree.add_root(self.problem.initial_state(x))
+        d = self.tree.node(root)
+        d["terminal"], d["solved"] = self._flags(d["state"])
+        return self._run()
+
+    def resume(self, tree: ThoughtTree) -> TableResult:
+        self.tree = copy.deepcopy(tree)
+        return self._run()
+
+    def _run(self) -> TableResult:
+        best = self.strategy.run(self)
+        if best is None:
+            return TableResult(self.tree, None, None, False)
+        state = self.tree.node(best)["state"]
+        return TableResult(self.tree, best, self.problem.answer(state), bool(self.problem.is_solved(state)))
+
+    # -- SearchOps -------------------------------------------------------------------------------
+    def expand(self, nodes: list[int]) -> list[list[int]]:
+        p, tree = self.problem, self.tree
+        k = max(1, int(p.samples_per_expand))
+        for n in nodes:
+            check_prompt(p, "expand_prompt", p.expand_prompt(tree.node(n)["state"]))
+        parsed: list[tuple[int, list[tuple[Child, bool, bool]]]] = []
+        for n in nodes:
+            seen: set = set()
+            for _ in range(k):
+                kept = []
+                for c in check_children(p, p.parse_children(tree.node(n)["state"], "")):
+                    key = p.state_key(c.state)
+                    if key not in seen:
+                        seen.add(key)
+                        kept.append((c, *self._flags(c.state)))
+                parsed.append((n, kept))
+        out: dict[int, list[int]] = {n: [] for n in nodes}
+        for n, kept in parsed:
+            tree.node(n).setdefault("generations", []).append("")
+            for c, terminal, solved in kept:
+                cid = tree.add_child(n, c.thought, c.state)
+                d = tree.node(cid)
+                if c.prior is not None:
+                    d["prior"] = float(c.prior)
+                d["terminal"], d["solved"] = terminal, solved
+                out[n].append(cid)
+        for n in nodes:
+            tree.set_status(n, "expanded")
+            tree.node(n)["empty_expansion"] = not out[n]
+        return [out[n] for n in nodes]
+
+    def evaluate(self, nodes: list[int]) -> list[float]:
+        p, tree = self.problem, self.tree
+        values: dict[int, float] = {}
+        for n in nodes:
+            state = tree.node(n)["state"]
+            v = p.value(state)
+            if v is None:
+                raise ProblemDefinitionError(f"{type(p).__name__}.value() gave None for {state!r:.60}; "
+                                             "TableOps has no model: give every state a programmatic value")
+            values[n] = check_value(p, v, state)
+        for n in nodes:
+            tree.node(n)["score"] = values[n]
+        return [values[n] for n in nodes]
+
+    def prune(self, nodes: list[int]) -> None:
+        for n in nodes:
+            if self.tree.node(n)["status"] != "solution":
+                self.tree.set_status(n, "pruned")
+
+    def mark_solution(self, node: int) -> None:
+        self.tree.set_status(node, "solution")
+
+    def _flags(self, state: Any) -> tuple[bool, bool]:
+        terminal = bool(self.problem.is_terminal(state))
+        return terminal, bool(terminal and self.problem.is_solved(state))
+
+
+class TableSearcher(Recording, TableOps):
+    """`TableOps` that records the batches a strategy hands to each operation (`log`, `ops`)."""

@@ -13,7 +13,7 @@ from treesearch.bench.cli import main, parse_range
 from treesearch.bench.modes import Mode, parse_modes
 from treesearch.bench.runner import BenchRuns, ModeRuns
 from treesearch.bench.tree import majority
-from treesearch.bench.workloads import RunResult
+from treesearch.bench.results import RunResult
 from treesearch.config import RKSCConfig
 
 REQUIRED = ("wall_s", "prefill_tokens", "decode_tokens", "reused_tokens", "unique_tokens", "verify_calls",

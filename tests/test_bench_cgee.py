@@ -10,7 +10,7 @@ from treesearch.bench import report
 from treesearch.bench.cli import main
 from treesearch.bench.modes import Mode, make_mode, parse_modes
 from treesearch.bench.runner import BenchRuns, ModeRuns
-from treesearch.bench.workloads import RunResult
+from treesearch.bench.results import RunResult
 from treesearch.config import RKSCConfig
 
 

@@ -12,9 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treesearch.calibrate import (Dataset, binom_cdf, clopper_pearson_upper, entropies, exit_layers, fit, main,
-                                  replay)
-from treesearch.cgee import LayerExit, Thresholds, exit_layer, load_thresholds
+from treesearch.calibrate import Dataset, binom_cdf, clopper_pearson_upper, fit, main, replay
+from treesearch.cgee import LayerExit, Thresholds, exit_layer, exit_layers, label_entropy, load_thresholds
 from treesearch.config import RKSCConfig
 from treesearch.engine import Engine
 
@@ -94,7 +93,7 @@ def test_calibration_on_tiny_model_has_zero_disagreement(tiny_lm, tmp_path):
     # the engine's per-row rule reproduces the offline exit layers on the same prompts
     prompts = ds.meta["prompts"][:24]
     scores = Engine(tiny_lm, RKSCConfig()).score(prompts, ds.labels, exit_rule=LayerExit(t))
-    want = exit_layers(entropies(ds.traj[:24]), t.theta, t.eps, t.min_layer)
+    want = exit_layers(label_entropy(ds.traj[:24]), t.theta, t.eps, t.min_layer)
     assert [s.layers_run for s in scores] == want.tolist()
     assert not math.isnan(entry["calibration"]["layer_fraction"])
 
@@ -171,22 +170,48 @@ class AnyMove:
         return _AnyMove(max_new_tokens=6)
 
 
-def test_batched_game24_collection_equals_one_searcher_per_puzzle(tiny_lm):
-    from treesearch.calibrate import collect_game24, collect_game24_batched
+def test_game24_collection_equals_one_searcher_per_puzzle(tiny_lm):
+    """The collector's data is what plain searches give: one Searcher (BFS, full passes) per
+    puzzle, its tree read depth by depth, each value prompt's layers scored again by the engine."""
+    from strategies import BFS
 
-    quiet = lambda m: None  # noqa: E731
-    batched = collect_game24_batched(tiny_lm, 800, 803, group=2, problem=AnyMove.make(), log=quiet)
-    ref = collect_game24(tiny_lm, 800, 803, problem=AnyMove.make(), log=quiet)
-    ref_steps = [s for s in ref.steps if any(c["call"] is not None for c in s)]  # step 4: answers only
-    assert len(batched.steps) == len(ref_steps) >= 6 and len(batched.traj) == len(ref.traj) >= 10
-    for a, b in zip(batched.steps, ref_steps):
-        assert [(c["node"], c["parent"], c["value"]) for c in a] == [(c["node"], c["parent"], c["value"]) for c in b]
+    from treesearch.calibrate import collect_game24
+    from treesearch.searcher import Searcher
+    from treesearch.tasks.game24 import load_puzzles
+    from treesearch.verify import LayerRecorder
+
+    collected = collect_game24(tiny_lm, 800, 803, problem=AnyMove.make(), log=lambda m: None)
+    problem = AnyMove.make()
+    labels = list(problem.labels)
+    ref_steps, ref_traj, ref_prompts = [], [], []
+    for puzzle in load_puzzles(800, 803):
+        tree = Searcher(tiny_lm, problem, BFS(breadth=5), RKSCConfig(kv_sharing="exact"),
+                        progress=False).solve(puzzle).tree
+        prompts = sorted({problem.value_prompt(tree.node(n)["state"]) for n in tree.graph.nodes
+                          if n and problem.value(tree.node(n)["state"]) is None})
+        rec = LayerRecorder()
+        scores = Engine(tiny_lm, RKSCConfig()).score(prompts, labels, exit_rule=rec)
+        traj = {q: tr + [[s.probs[k] for k in labels]] for q, tr, s in zip(prompts, rec.rows(), scores)}
+        for depth in range(1, problem.max_depth + 1):
+            step = []
+            for n in sorted(n for n in tree.graph.nodes if tree.node(n)["depth"] == depth):
+                d = tree.node(n)
+                value = problem.value(d["state"])
+                step.append((n, tree.parent(n), value, d["confidence"],
+                             None if value is not None else traj[problem.value_prompt(d["state"])]))
+            ref_steps.append(step)
+        ref_traj += traj.values()
+        ref_prompts += prompts
+    ref_steps = [s for s in ref_steps if any(c[4] is not None for c in s)]  # step 4: answers only
+    assert len(collected.steps) == len(ref_steps) >= 6 and len(collected.traj) == len(ref_traj) >= 10
+    for a, b in zip(collected.steps, ref_steps):
+        assert [(c["node"], c["parent"], c["value"]) for c in a] == [c[:3] for c in b]
         for c, d in zip(a, b):
-            assert c["conf"] == pytest.approx(d["conf"], abs=1e-6)
-            assert np.allclose(batched.traj[c["call"]], ref.traj[d["call"]], atol=1e-5)
-    confs = [c["conf"] for c in batched.steps[0]]
+            assert c["conf"] == pytest.approx(d[3], abs=1e-6)
+            assert np.allclose(collected.traj[c["call"]], d[4], atol=1e-5)
+    confs = [c["conf"] for c in collected.steps[0]]
     assert len(set(confs)) > 1  # siblings of one generation carry their own words' confidences
-    assert sorted(batched.meta["prompts"]) == sorted(ref.meta["prompts"])
+    assert sorted(collected.meta["prompts"]) == sorted(ref_prompts)
 
 
 def _settled(n: int, flip: int | None = None) -> Dataset:

@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # package at the same layer (bench.*, viz.*, tasks.*, strategies.*). See docs/architecture.md.
 LAYERS: dict[str, int] = {
     # 0: leaves
-    "errors": 0, "seeds": 0, "atomicfile": 0, "limits": 0, "stats": 0, "viz": 0,
+    "errors": 0, "seeds": 0, "atomicfile": 0, "limits": 0, "stats": 0, "viz": 0, "eos": 0, "rsbcm": 0,
     # 1: data structures with no model
-    "config": 1, "tokens": 1, "rsbcm": 1, "kvstore": 1, "attention": 1, "persist": 1, "backend": 1,
+    "config": 1, "tokens": 1, "kvstore": 1, "attention": 1, "persist": 1, "backend": 1,
     # 2: the model runtime and the pure policy rules
     "runtime": 2, "cgee": 2,
     # 3: below the engine: the forward pass and the cache manager
@@ -31,7 +31,7 @@ LAYERS: dict[str, int] = {
     # 6: the thought tree and the problem contract
     "tree": 6, "problem": 6,
     # 7: the built-in problems and the verifier (CGEE over a backend)
-    "tasks": 7, "verify": 7,
+    "tasks": 7, "verify": 7, "ops": 7,
     # 8: the search
     "searcher": 8,
     # 9 and up: strategies and the tools on top

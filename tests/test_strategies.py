@@ -13,7 +13,8 @@ import math
 import pytest
 
 from strategies import BFS, DFS, FROM_CLI, MCTS, Beam
-from strategies.testing import RecordingSearcher, TableProblem
+from strategies.recording import RecordingSearcher
+from strategies.testing import TableProblem, TableSearcher
 from treesearch.config import RKSCConfig
 from treesearch.errors import ConfigError
 from treesearch.searcher import Searcher
@@ -246,6 +247,25 @@ def test_mcts_stop_on_solution(tiny_lm):
 def test_mcts_rejects_bad_settings(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         MCTS(**kwargs)
+
+
+@pytest.mark.parametrize("seed", [7, 11])
+def test_table_searcher_builds_the_searchers_tree(tiny_lm, seed):
+    """The model-free SearchOps the contract tests run on (`TableSearcher`) gives each contract
+    strategy exactly the tree, answer and operation batches that the real Searcher gives."""
+    from test_strategy_contracts import STRATEGIES, signature
+
+    from treesearch.ops import SearchOps
+
+    for _, make, _, opts in STRATEGIES:
+        real = RecordingSearcher(tiny_lm, TableProblem.random(seed, **opts), make(), progress=False)
+        table = TableSearcher(TableProblem.random(seed, **opts), make())
+        assert isinstance(real, SearchOps) and isinstance(table, SearchOps)
+        r, t = real.solve(""), table.solve("")
+        no_text = [x[:-1] for x in signature(r.tree)], [x[:-1] for x in signature(t.tree)]  # generations aside
+        assert no_text[0] == no_text[1] and len(r.tree) > 4
+        assert (r.best, r.answer, r.solved) == (t.best, t.answer, t.solved)
+        assert real.log == table.log
 
 
 def test_strategies_are_keyword_only():

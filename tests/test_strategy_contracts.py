@@ -2,7 +2,9 @@
 strategy adds one line to STRATEGIES): configuration only, determinism for a fixed seed, batch
 sizes honoured and no operation repeated, nothing left half-done, running again is harmless, and
 an interrupted search resumed from its tree (also through a JSON round trip) gives exactly the
-tree of an uninterrupted run. Trees come from `TableProblem.random` (known tree, tiny model).
+tree of an uninterrupted run. Trees come from `TableProblem.random` (known tree), searched by the
+model-free `TableSearcher`: no model and no torch (test_strategies.py checks that the real Searcher
+builds the same trees).
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ import dataclasses
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strategies import BFS, DFS, MCTS, Beam, is_expanded
-from strategies.testing import RecordingSearcher, TableProblem
+from strategies.testing import TableProblem, TableSearcher
 from treesearch.tree import STATUSES, ThoughtTree
 
 # (id, factory, most nodes per expand call, TableProblem.random options)
@@ -68,8 +70,8 @@ def problem(opts: dict, seed: int = 7) -> Flaky:
     return Flaky.random(seed, branching=3, depth=3, **opts)
 
 
-def searcher(lm, prob, strategy) -> RecordingSearcher:
-    return RecordingSearcher(lm, prob, strategy, progress=False)
+def searcher(prob, strategy) -> TableSearcher:
+    return TableSearcher(prob, strategy)
 
 
 def signature(tree: ThoughtTree) -> list[tuple]:
@@ -102,12 +104,12 @@ def through_json(tree: ThoughtTree, prob: TableProblem) -> ThoughtTree:
 
 
 @pytest.fixture(scope="module")
-def baseline(tiny_lm):
+def baseline():
     """The uninterrupted run of each strategy: (searcher, result, problem calls)."""
     out = {}
     for name, make, _, opts in STRATEGIES:
         prob = problem(opts)
-        s = searcher(tiny_lm, prob, make())
+        s = searcher(prob, make())
         out[name] = (s, s.solve(""), prob.calls)
     return out
 
@@ -128,9 +130,9 @@ def test_holds_configuration_only(baseline, make, batch, opts):
 
 
 @params
-def test_same_seed_same_tree(tiny_lm, baseline, make, batch, opts):
+def test_same_seed_same_tree(baseline, make, batch, opts):
     s0, r0, _ = base_of(baseline, make)
-    s = searcher(tiny_lm, problem(opts), make())
+    s = searcher(problem(opts), make())
     r = s.solve("")
     assert len(r.tree) > 4 and signature(r.tree) == signature(r0.tree)
     assert (r.best, r.answer) == (r0.best, r0.answer)
@@ -162,8 +164,8 @@ def test_nothing_half_done(baseline, make, batch, opts):
 
 
 @params
-def test_running_again_is_harmless(tiny_lm, make, batch, opts):
-    s = searcher(tiny_lm, problem(opts), make())
+def test_running_again_is_harmless(make, batch, opts):
+    s = searcher(problem(opts), make())
     r = s.solve("")
     before, calls, log = signature(r.tree), s.problem.calls, list(s.log)
     assert s.strategy.run(s) == r.best
@@ -171,34 +173,60 @@ def test_running_again_is_harmless(tiny_lm, make, batch, opts):
     assert s.problem.calls == calls
 
 
-def interrupted_then_resumed(tiny_lm, make, opts, fail_at: int, seed: int = 7, via_json: bool = False):
+def interrupted_then_resumed(make, opts, fail_at: int, seed: int = 7, via_json: bool = False):
     prob = problem(opts, seed)
     prob.fail_at = fail_at
-    s = searcher(tiny_lm, prob, make())
+    s = searcher(prob, make())
     with pytest.raises(Interrupted):
         s.solve("")
     check_complete(s.tree, prob)  # the interruption left nothing half-done
     prob.fail_at = None
     tree = through_json(s.tree, prob) if via_json else s.tree
-    return s.resume(tree)  # fresh engine (cold KV cache), same searcher settings
+    return s.resume(tree)  # same searcher settings
 
 
 @params
 @pytest.mark.parametrize("where", [0.02, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 0.99])
-def test_resume_gives_the_uninterrupted_tree(tiny_lm, baseline, make, batch, opts, where):
+def test_resume_gives_the_uninterrupted_tree(baseline, make, batch, opts, where):
     _, r0, total = base_of(baseline, make)
     fail_at = max(1, round(where * total))
-    r = interrupted_then_resumed(tiny_lm, make, opts, fail_at, via_json=where in (0.3, 0.75))
+    r = interrupted_then_resumed(make, opts, fail_at, via_json=where in (0.3, 0.75))
     assert signature(r.tree) == signature(r0.tree)
     assert (r.best, r.answer, r.solved) == (r0.best, r0.answer, r0.solved)
 
 
 @params
-@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=4, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 10_000), where=st.floats(0.0, 1.0))
-def test_resume_equality_on_random_trees(tiny_lm, make, batch, opts, seed, where):
+def test_resume_equality_on_random_trees(make, batch, opts, seed, where):
     prob = problem(opts, seed)
-    r0 = searcher(tiny_lm, prob, make()).solve("")
+    r0 = searcher(prob, make()).solve("")
     fail_at = 1 + int(where * (prob.calls - 1))
-    r = interrupted_then_resumed(tiny_lm, make, opts, fail_at, seed=seed)
+    r = interrupted_then_resumed(make, opts, fail_at, seed=seed)
     assert signature(r.tree) == signature(r0.tree) and r.best == r0.best
+
+
+def test_strategies_and_their_contracts_need_no_torch():
+    """In a fresh interpreter, `strategies` and the contracts (run again: harmless; interrupted and
+    resumed: the uninterrupted tree) run for every strategy without importing torch."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import sys
+import strategies
+import test_strategy_contracts as c
+for _, make, batch, opts in c.STRATEGIES:
+    c.test_running_again_is_harmless(make, batch, opts)
+    r0 = c.searcher(c.problem(opts), make()).solve("")
+    r = c.interrupted_then_resumed(make, opts, fail_at=5)
+    assert c.signature(r.tree) == c.signature(r0.tree)
+assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))
+"""
+    tests = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", code], cwd=tests.parent, env={**os.environ, "PYTHONPATH": path},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from .calibration_sets import (CHOICE_PROMPT, Dataset, choice_prompt, collect_choice, collect_game24,  # noqa: F401
-                               collect_game24_batched, collect_game24_oracle, legal_moves, top_b)
-from .cgee import Thresholds, calibration_path, confidence_value, decisive_branch
+                               collect_game24_oracle, legal_moves, top_b)
+from .cgee import Branch, Thresholds, calibration_path, confidence_value, decisive_sets, exit_layers, label_entropy
 
 THETAS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.1, 1.4)  # ln 3 = 1.10, ln 4 = 1.39
 EPSS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)
@@ -87,23 +87,6 @@ def clopper_pearson_upper(k: int, n: int, confidence: float = 0.95) -> float:
 
 
 # -- offline replay of the rules ---------------------------------------------------------------------
-def entropies(traj: np.ndarray) -> np.ndarray:
-    p = np.clip(traj, 1e-12, 1.0)
-    return -(p * np.log(p)).sum(axis=-1)  # [N, L]
-
-
-def exit_layers(h: np.ndarray, theta: float, eps: float, min_layer: int) -> np.ndarray:
-    """Layers run per call (1-based) under the Level 2 rule; the last layer when none qualifies
-    (the rule is not consulted after the last layer). Same rule as `cgee.exit_layer`."""
-    n, num_layers = h.shape
-    d = np.full_like(h, np.inf)
-    d[:, 1:] = np.abs(h[:, 1:] - h[:, :-1])
-    ok = (h < theta) & (d < eps)
-    ok[:, : max(min_layer, 2) - 1] = False
-    ok[:, num_layers - 1] = True
-    return ok.argmax(axis=1) + 1
-
-
 @dataclass
 class Outcome:
     """Decisions of one threshold setting against the full pass."""
@@ -138,7 +121,7 @@ def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None, calls: np.nd
     sits in a skipped set (one verification pass serves all candidates of a prompt). `calls` (a bool mask) restricts the call
     counts (calls, skipped, layers, call errors) to those calls, e.g. held-out calls whose prompt
     the calibration set never saw; the step counts always cover every step."""
-    h = entropies(ds.traj) if h is None else h
+    h = label_entropy(ds.traj) if h is None else h
     n, num_layers, _ = ds.traj.shape
     ex = exit_layers(h, t.theta, t.eps, t.min_layer)
     quick = ds.traj[np.arange(n), ex - 1]
@@ -153,27 +136,25 @@ def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None, calls: np.nd
     memo: set[int] = set()  # calls verified in an earlier step: the Searcher reuses their value
     for step in ds.steps:
         qv, fv = {}, {}
-        sets: dict = {}
+        pending: dict = {}  # node -> candidate whose call is not remembered: Level 1 decides over these
         for c in step:
             if c["call"] is None:
                 qv[c["node"]] = fv[c["node"]] = c["value"]
                 continue
             qv[c["node"]] = float(quick[c["call"]] @ w)
             fv[c["node"]] = float(full[c["call"]] @ w)
-            if c["call"] not in memo:  # pending: Level 1 decides over the pending siblings (as `Verifier`)
-                sets.setdefault(c["parent"], []).append(c)
-        for members in sets.values():
-            members = sorted(members, key=lambda c: c["node"])
-            i = decisive_branch([c["conf"] for c in members], t.tau_conf, t.margin)
-            if i is None:
-                in_verified_set.update(c["call"] for c in members)
-                continue
-            best_full = max(members, key=lambda c: (fv[c["node"]], -c["node"]))["node"]
-            for c in members:
-                qv[c["node"]] = confidence_value(c["conf"], labels)
-                in_skipped_set.add(c["call"])
-                if (c["node"] == members[i]["node"]) != (c["node"] == best_full):
-                    call_errors_skip.add(c["call"])
+            if c["call"] not in memo:
+                pending[c["node"]] = c
+        skips = decisive_sets([Branch(c["node"], c["parent"], c["conf"]) for c in pending.values()],
+                              t.tau_conf, t.margin)
+        in_verified_set.update(c["call"] for c in pending.values() if c["parent"] not in skips)
+        for chosen, nodes in skips.values():
+            best_full = max(nodes, key=lambda x: (fv[x], -x))
+            for x in nodes:
+                qv[x] = confidence_value(pending[x]["conf"], labels)
+                in_skipped_set.add(pending[x]["call"])
+                if (x == chosen) != (x == best_full):
+                    call_errors_skip.add(pending[x]["call"])
         if top_b(qv, ds.breadth) != top_b(fv, ds.breadth):
             step_errors += 1
         memo |= in_verified_set  # a skipped prompt is not remembered: met again, it is pending again
@@ -193,7 +174,7 @@ def fit(ds: Dataset, target_error: float = TARGET_ERROR) -> tuple[Thresholds, Ou
 
     Zero errors in N calls bound the error rate at 1 - (alpha/2)^(1/N) (Clopper-Pearson, 95%); when
     that exceeds target_error the set is too small to certify any exit and the fit is "never"."""
-    h = entropies(ds.traj)
+    h = label_entropy(ds.traj)
     num_layers = ds.traj.shape[1]
     best = never(ds)
     best_out = replay(ds, best, h)
@@ -249,9 +230,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="game24: 'model' runs real ToT searches (slow on CPU); 'legal' proposes every legal move "
                         "and verifies with the model (many real verification calls, no Level 1 data)")
     p.add_argument("--breadth", type=int, default=5, help="BFS breadth of the calibration searches (default 5)")
-    p.add_argument("--group", type=int, default=8,
-                   help="game24 with --proposer model: puzzles searched together, one batched engine call per "
-                        "depth (default 8; 1 = one Searcher per puzzle)")
     p.add_argument("--out", default=None, metavar="PATH",
                    help="calibration file (default: the shipped one for the model)")
     p.add_argument("--save-calls", default=None, metavar="PATH", help="also write the collected calls as JSON")
@@ -268,9 +246,6 @@ def _collect(args, lm, rng: tuple[int, int], skip_prompts=(), checkpoint=None) -
     if args.task == "game24" and args.proposer == "legal":
         return collect_game24_oracle(lm, *rng, breadth=args.breadth, log=_log, skip_prompts=skip_prompts,
                                      checkpoint=checkpoint)
-    if args.task == "game24" and args.group > 1:
-        return collect_game24_batched(lm, *rng, breadth=args.breadth, group=args.group, log=_log,
-                                      checkpoint=checkpoint)
     if args.task == "game24":
         return collect_game24(lm, *rng, breadth=args.breadth, log=_log, checkpoint=checkpoint)
     return collect_choice(lm, args.task, *rng, log=_log)

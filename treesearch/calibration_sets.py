@@ -2,10 +2,9 @@
 distribution after every layer (a logit lens), and the search steps that used them.
 
 Collectors (each a full-pass run of the real model over rows of a task):
-- `collect_game24_batched`: ToT BFS on Game of 24 rows, many puzzles at a time (one engine call
-  per depth for a whole group), with the model's own proposals: each candidate keeps its own
-  generation confidence (its move line's tokens), so Level 1 is calibrated on real generations.
-- `collect_game24`: the same through one `Searcher` per puzzle (slower; the reference).
+- `collect_game24`: ToT BFS on Game of 24 rows through the `Searcher`, with the model's own
+  proposals: each candidate keeps its own generation confidence (its move line's tokens), so
+  Level 1 is calibrated on real generations.
 - `collect_game24_oracle`: every legal move proposed, the model verifies (no generations).
 - `collect_choice`: the answer letter of ARC / MMLU-STEM questions.
 """
@@ -49,11 +48,15 @@ class Dataset:
                    meta=d.get("meta", {}))
 
 
-def collect_game24(lm, start: int, end: int, *, breadth: int = 5, log=print, checkpoint=None,
+def collect_game24(lm, start: int, end: int, *, breadth: int = 5, seed: int = 0, log=print, checkpoint=None,
                    problem=None) -> Dataset:
-    """Run ToT BFS on 24.csv rows [start, end) with full verification passes, recording every call
-    and, per step, each candidate's own generation confidence (its move line's tokens: real model
-    proposals, so Level 1 is calibrated on what a search will see). `checkpoint(ds)` after each puzzle."""
+    """ToT BFS (`Searcher` + `strategies.BFS`, greedy) on 24.csv rows [start, end) with full
+    verification passes (`Searcher.verify_trace`), recording every call and, per depth, each
+    candidate's own generation confidence (its move line's tokens: real model proposals, so
+    Level 1 is calibrated on what a search will see). The searches stop below the problem's last
+    depth: that step writes answers, valued by the checker only, so it holds no verification call
+    and no decision CGEE could change. One Searcher serves all rows (each search starts with the
+    last one's prompt K/V). `checkpoint(ds)` after each puzzle."""
     from strategies import BFS
 
     from .config import RKSCConfig
@@ -62,136 +65,47 @@ def collect_game24(lm, start: int, end: int, *, breadth: int = 5, log=print, che
 
     problem = problem or Game24()
     labels = list(problem.labels)
+    bfs = BFS(breadth=breadth, max_depth=problem.max_depth - 1)
+    searcher = Searcher(lm, problem, bfs, RKSCConfig(kv_sharing="exact"), seed=seed, progress=False)
     trajs: list = []
     prompts: list[str] = []
     steps: list[list[dict]] = []
-    solved = 0
     t0 = time.perf_counter()
     ds = None
     for i, puzzle in enumerate(load_puzzles(start, end)):
-        searcher = Searcher(lm, problem, BFS(breadth=breadth), RKSCConfig(kv_sharing="exact"), progress=False)
-        searcher.cgee_trace = trace = {}
+        searcher.verify_trace = trace = {}
         result = searcher.solve(puzzle)
         index = {}
         for q, traj in trace.items():
             index[q] = len(trajs)
             trajs.append(traj)
             prompts.append(q)
-        solved += bool(result.solved)
-        tree = result.tree
-        for depth in range(1, problem.max_depth + 1):
-            nodes = [n for n in tree.graph.nodes if tree.node(n)["depth"] == depth]
-            if not nodes:
-                break
-            step = []
-            for n in sorted(nodes):
-                d = tree.node(n)
-                state = d["state"]
-                value = problem.value(state)
-                call = None if value is not None else index.get(problem.value_prompt(state))
-                if value is None and call is None:
-                    continue  # valued in an earlier search of the same prompt: not in this trace
-                step.append({"node": n, "parent": tree.parent(n), "conf": float(d.get("confidence", 0.0)),
-                             "call": call, "value": value})
-            steps.append(step)
-        log(f"  [{i + 1}/{end - start}] {puzzle}: {len(trace)} calls, solved={result.solved} "
-            f"({time.perf_counter() - t0:.0f}s)")
+        steps += _steps(result.tree, problem, index)
+        log(f"  [{i + 1}/{end - start}] {puzzle}: {len(trace)} calls ({time.perf_counter() - t0:.0f}s)")
         ds = Dataset(task="game24", model=lm.name, labels=labels, weights=[problem.labels[k] for k in labels],
                      traj=np.asarray(trajs, dtype=np.float64), steps=steps, breadth=breadth,
-                     meta={"range": f"{start}:{start + i + 1}", "proposer": "model", "solved": solved,
-                           "prompts": list(prompts)})
+                     meta={"range": f"{start}:{start + i + 1}", "proposer": "model", "prompts": list(prompts)})
         if checkpoint is not None:
             checkpoint(ds)
     return ds
 
 
-def collect_game24_batched(lm, start: int, end: int, *, breadth: int = 5, group: int = 8, seed: int = 0,
-                           log=print, checkpoint=None, problem=None) -> Dataset:
-    """ToT BFS (as `strategies.BFS` with `Searcher`, greedy) on 24.csv rows [start, end), `group`
-    puzzles at a time so that each depth is one batched generate and one batched scoring call.
-
-    Per puzzle and depth: expand every kept state (the model's proposals), parse the children with
-    their line spans (`Game24.parse_children`), dropping repeats of a sibling's state as the Searcher
-    does; give each child its span's confidence; value it (the exact checker for answers, else the
-    value prompt, scored once per puzzle with a full pass recording every layer); keep the top
-    `breadth` by value (ties: earlier node). Steps 1-3 are recorded: step 4 writes answers, valued
-    by the checker only, so it holds no verification call and no decision CGEE could change.
-    `checkpoint(ds)` after each group."""
-    from .cgee import span_confidence, token_offsets
-    from .config import RKSCConfig
-    from .engine import Engine
-    from .seeds import stable_seed
-    from .tasks.game24 import Game24, load_puzzles
-    from .verify import LayerRecorder
-
-    problem = problem or Game24()
-    labels = list(problem.labels)
-    weights = [problem.labels[k] for k in labels]
-    puzzles = load_puzzles(start, end)
-    trajs: list = []
-    prompts: list[str] = []
-    steps: list[list[dict]] = []
-    t0 = time.perf_counter()
-    ds = None
-    for g0 in range(0, len(puzzles), group):
-        engine = Engine(lm, RKSCConfig(kv_sharing="exact"))  # one per group: its cache holds only this group
-        names = puzzles[g0:g0 + group]
-        kept = {p: [(0, problem.initial_state(x))] for p, x in enumerate(names)}
-        count = {p: 1 for p in kept}  # next node id per puzzle (the root is 0)
-        calls: dict[tuple[int, str], int] = {}  # (puzzle, value prompt) -> call index
-        mine: dict[int, list[list[dict]]] = {p: [] for p in kept}  # puzzle -> its steps
-        for _ in range(1, problem.max_depth):
-            live = [(p, n, st) for p in kept for n, st in kept[p] if not problem.is_terminal(st)]
-            if not live:
-                break
-            gens = engine.generate([problem.expand_prompt(st) for _, _, st in live], problem.sampling,
-                                   seeds=[stable_seed(seed, n, 0) for _, n, _ in live])
-            cands: dict[int, list[tuple[int, int, object, float]]] = {p: [] for p in kept}
-            for (p, n, st), gen in zip(live, gens):
-                seen, offsets = set(), None
-                for c in problem.parse_children(st, gen.text):
-                    key = problem.state_key(c.state)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    if c.span is not None and offsets is None:
-                        offsets = token_offsets(lm.tokenizer, gen.token_ids)
-                    conf = span_confidence(offsets or [], gen.logprobs, c.span, len(gen.text))
-                    cands[p].append((count[p], n, c.state, conf))
-                    count[p] += 1
-            new = sorted({(p, problem.value_prompt(c[2])) for p in cands for c in cands[p]
-                          if problem.value(c[2]) is None} - set(calls))
-            unique = sorted({q for _, q in new})
-            if unique:
-                rec = LayerRecorder()
-                scores = engine.score(unique, labels, exit_rule=rec)
-                row = {q: traj + [[s.probs[k] for k in labels]] for q, traj, s in zip(unique, rec.rows(), scores)}
-                for p, q in new:
-                    calls[p, q] = len(trajs)
-                    trajs.append(row[q])
-                    prompts.append(q)
-            for p in sorted(cands):
-                step, values = [], {}
-                for nid, parent, st, conf in cands[p]:
-                    v = problem.value(st)
-                    call = None if v is not None else calls[p, problem.value_prompt(st)]
-                    values[nid] = v if v is not None else float(np.asarray(trajs[call][-1]) @ np.asarray(weights))
-                    step.append({"node": nid, "parent": parent, "conf": conf, "call": call, "value": v})
-                if step:
-                    mine[p].append(step)
-                keep = top_b(values, breadth)  # in BFS's order (value, then id): the next ids follow it
-                kept[p] = sorted([(nid, st) for nid, _, st, _ in cands[p] if nid in keep],
-                                 key=lambda x: (-values[x[0]], x[0]))
-        steps += [st for p in sorted(mine) for st in mine[p]]  # puzzle by puzzle, as one search each
-        log(f"  [{g0 + len(names)}/{len(puzzles)}] {len(trajs)} calls, {len(steps)} steps "
-            f"({time.perf_counter() - t0:.0f}s)")
-        ds = Dataset(task="game24", model=lm.name, labels=labels, weights=weights,
-                     traj=np.asarray(trajs, dtype=np.float64), steps=steps, breadth=breadth,
-                     meta={"range": f"{start}:{start + g0 + len(names)}", "proposer": "model",
-                           "collector": "batched", "prompts": list(prompts)})
-        if checkpoint is not None:
-            checkpoint(ds)
-    return ds
+def _steps(tree, problem, index: dict[str, int]) -> list[list[dict]]:
+    """One step per depth of a search tree: its candidates (all nodes at that depth, by id) with
+    parent, confidence and either the programmatic value or the index of the recorded call."""
+    steps = []
+    for depth in range(1, problem.max_depth + 1):
+        step = []
+        for n in sorted(n for n in tree.graph.nodes if tree.node(n)["depth"] == depth):
+            d = tree.node(n)
+            value = problem.value(d["state"])
+            call = None if value is not None else index[problem.value_prompt(d["state"])]
+            step.append({"node": n, "parent": tree.parent(n), "conf": float(d.get("confidence", 0.0)),
+                         "call": call, "value": value})
+        if not step:
+            break
+        steps.append(step)
+    return steps
 
 
 def legal_moves(numbers) -> list[tuple]:

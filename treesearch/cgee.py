@@ -45,11 +45,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import ArrayLike
 
 from .errors import ConfigError
 
@@ -97,6 +100,31 @@ def decisive_branch(confidences: Sequence[float], tau_conf: float, margin: float
     if best < tau_conf or best == second or best - second < margin:
         return None
     return order[0]
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A branch waiting for verification: its id, its parent (its sibling set) and its confidence p_i."""
+
+    node: Hashable
+    parent: Hashable
+    confidence: float
+
+
+def decisive_sets(branches: Iterable[Branch], tau_conf: float, margin: float) -> dict[Hashable, tuple[Hashable, list]]:
+    """Level 1 over sibling sets: the branches grouped by parent, each set in node order (ties go to
+    the lower id). Returns parent -> (its decisive branch, the set's nodes) for every set whose
+    verification is skipped; the other sets are verified."""
+    sets: dict[Hashable, list[Branch]] = {}
+    for b in branches:
+        sets.setdefault(b.parent, []).append(b)
+    out: dict[Hashable, tuple[Hashable, list]] = {}
+    for parent, members in sets.items():
+        members.sort(key=lambda b: b.node)
+        i = decisive_branch([b.confidence for b in members], tau_conf, margin)
+        if i is not None:
+            out[parent] = (members[i].node, [b.node for b in members])
+    return out
 
 
 def confidence_value(confidence: float, labels: Mapping[str, float]) -> float:
@@ -155,20 +183,43 @@ def span_confidence(offsets: Sequence[tuple[int, int]], logprobs: Sequence[float
 
 
 # -- Level 2 ---------------------------------------------------------------------------------------
-def label_entropy(probs: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of each row of a [B, n_labels] probability tensor -> [B] (float64)."""
-    p = probs.double().clamp_min(1e-12)
-    return -(p * p.log()).sum(dim=-1)
+def label_entropy(probs: ArrayLike) -> np.ndarray:
+    """Entropy in nats over the last axis of label probabilities ([..., n_labels] -> [...], float64)."""
+    p = np.clip(np.asarray(probs, dtype=np.float64), 1e-12, 1.0)
+    return -(p * np.log(p)).sum(axis=-1)
+
+
+def settled(h: np.ndarray, prev: np.ndarray, layer: int | np.ndarray, theta: float, eps: float,
+            min_layer: int) -> np.ndarray:
+    """Level 2's test, elementwise: may a pass stop at `layer` (1-based) whose entropy is h, after
+    a layer whose entropy was prev (inf before layer 1)? H_l < theta, |H_l - H_{l-1}| < eps and
+    l >= max(min_layer, 2)."""
+    return (h < theta) & (np.abs(h - prev) < eps) & (np.asarray(layer) >= max(min_layer, 2))
+
+
+def settled_layers(h: np.ndarray, theta: float, eps: float, min_layer: int) -> np.ndarray:
+    """`settled` over whole trajectories: h [N, L] entropies -> bool [N, L] (layer l+1 at column l)."""
+    h = np.asarray(h, dtype=np.float64)
+    prev = np.full_like(h, np.inf)
+    prev[:, 1:] = h[:, :-1]
+    return settled(h, prev, np.arange(1, h.shape[1] + 1), theta, eps, min_layer)
+
+
+def exit_layers(h: np.ndarray, theta: float, eps: float, min_layer: int) -> np.ndarray:
+    """Layers run per pass (1-based) for entropies h [N, L]: the first settled layer, else the
+    last (the rule is not consulted after the last layer)."""
+    ok = settled_layers(h, theta, eps, min_layer)
+    ok[:, -1] = True
+    return ok.argmax(axis=1) + 1
 
 
 def exit_layer(entropies: Sequence[float], theta: float, eps: float, min_layer: int) -> int | None:
-    """First layer l (1-based; entropies[l-1] = H_l) with l >= max(min_layer, 2), H_l < theta and
-    |H_l - H_{l-1}| < eps; None when no layer qualifies (the pass runs in full)."""
-    for layer in range(max(min_layer, 2), len(entropies) + 1):
-        h, prev = entropies[layer - 1], entropies[layer - 2]
-        if h < theta and abs(h - prev) < eps:
-            return layer
-    return None
+    """First layer l (1-based; entropies[l-1] = H_l) where the pass may stop; None when no layer
+    qualifies (the pass runs in full)."""
+    if not len(entropies):
+        return None
+    hits = np.flatnonzero(settled_layers(np.asarray([entropies]), theta, eps, min_layer)[0])
+    return int(hits[0]) + 1 if len(hits) else None
 
 
 class LayerExit:
@@ -177,27 +228,24 @@ class LayerExit:
     The engine calls it after every layer but the last with the label probabilities of the rows
     still running, and drops the rows it marks True; the rule drops its own memory of those rows
     the same way, so row j of the next call is row j of the survivors. Layer 1 starts a new pass
-    (each engine batch starts at layer 1). `trace`, when a list, receives (layer, entropies) per call.
+    (each engine batch starts at layer 1).
     """
 
-    def __init__(self, thresholds: Thresholds, trace: list | None = None) -> None:
+    def __init__(self, thresholds: Thresholds) -> None:
         self.t = thresholds
-        self.trace = trace
-        self._prev: torch.Tensor | None = None
+        self._prev: np.ndarray | None = None
 
     def __call__(self, layer: int, probs: torch.Tensor) -> torch.Tensor:
         import torch
 
-        h = label_entropy(probs)
+        h = label_entropy(probs.detach().double().cpu().numpy())
         if layer == 1 or self._prev is None or self._prev.shape != h.shape:
-            prev = torch.full_like(h, math.inf)
+            prev = np.full_like(h, np.inf)
         else:
             prev = self._prev
-        stop = (h < self.t.theta) & ((h - prev).abs() < self.t.eps)
-        if layer < max(self.t.min_layer, 2):
-            stop = torch.zeros_like(stop)
+        stop = settled(h, prev, layer, self.t.theta, self.t.eps, self.t.min_layer)
         self._prev = h[~stop]
-        return stop
+        return torch.from_numpy(stop)
 
 
 # -- calibrated values -------------------------------------------------------------------------------

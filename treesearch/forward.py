@@ -15,21 +15,9 @@ import torch
 
 from .attention import BatchKV, Prefix
 from .config import Sampling
+from .eos import eos_token_ids
 from .runtime import LanguageModel
 from .stats import Stats
-
-
-def eos_token_ids(lm: LanguageModel) -> set[int]:
-    """Token ids that end a generation: the generation config's EOS ids and the tokenizer's."""
-    ids = set()
-    eos = getattr(lm.model.generation_config, "eos_token_id", None)
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif eos:
-        ids.update(eos)
-    if lm.tokenizer.eos_token_id is not None:
-        ids.add(lm.tokenizer.eos_token_id)
-    return ids
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> str:
@@ -68,7 +56,7 @@ class Forward:
 
     def __init__(self, lm: LanguageModel) -> None:
         self.lm = lm
-        self.eos_ids = eos_token_ids(lm)
+        self.eos_ids = eos_token_ids(lm.model, lm.tokenizer)
 
     def prefill(self, prefixes: list[Prefix], news: list[list[int]], starts: list[int], *, extra: int,
                 want_logits: bool, stats: Stats, exit_rule: Callable | None = None, exits: Any = None,

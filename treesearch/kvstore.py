@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import CacheBudgetError
+from .rsbcm import lru_key
 
 Chain = list[tuple["Segment", int]]
 
@@ -99,10 +100,6 @@ class Segment:
         return chain
 
 
-def _lru_key(seg: Segment) -> tuple:
-    return (seg.last_use, seg.id)
-
-
 class KVStore:
     """Token tree of cached K/V segments with an exact prefix index, block accounting, owners and a budget."""
 
@@ -111,7 +108,7 @@ class KVStore:
         self.bytes_per_token = bytes_per_token
         self.block_size = block_size
         self.budget = budget
-        self.policy = policy or _lru_key  # eviction priority key: lowest evicted first
+        self.policy = policy or lru_key  # eviction priority key: lowest evicted first
         self.root = Segment(id=0, tokens=(), parent=None, parent_len=0, start=0)
         self.root.pins = 1  # the root is permanently pinned
         self._ids = itertools.count(1)

@@ -40,6 +40,12 @@ Priority = Callable[[Hashable], "float | None"]
 UNSCORED = -sys.float_info.max  # omega of a branch not scored yet: the lowest of any owned segment
 
 
+def lru_key(seg: Any) -> tuple:
+    """Least recently used first (a logical clock), then lowest id: the store's default key and
+    RSBCM's tie-break."""
+    return (seg.last_use, seg.id)
+
+
 def omega(score: float | None, depth: int) -> float:
     """omega = score / (depth + 1); UNSCORED for a branch that has no score yet."""
     if score is None:
@@ -66,11 +72,11 @@ class RSBCMPolicy:
         return max(self.owner_omega(o) for o in seg.owners)
 
     def __call__(self, seg: Any) -> tuple:
-        return (self.segment_omega(seg), seg.last_use, seg.id)
+        return (self.segment_omega(seg), *lru_key(seg))
 
 
 class LRUPolicy:
     """Least recently used first (what vLLM and SGLang do); for comparison."""
 
     def __call__(self, seg: Any) -> tuple:
-        return (seg.last_use, seg.id)
+        return lru_key(seg)

@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .cgee import span_confidence
 from .backend import Backend, require_features
@@ -24,8 +24,12 @@ from .seeds import stable_seed
 from .limits import within_context
 from .errors import ProblemDefinitionError, ResumeError, SaveFileError
 from .problem import Child, Problem, check_children, check_problem, check_prompt, check_value
+from .rsbcm import omega
 from .runtime import LanguageModel
 from .tree import ThoughtTree
+
+if TYPE_CHECKING:
+    from .verify import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -339,15 +343,22 @@ class Searcher:
         self.tree.set_status(node, "solution")
 
     # -- helpers -------------------------------------------------------------------------------------
-    def _verifier(self):
+    verify_trace: dict[str, list[list[float]]] | None = None
+    """When a dict, LM valuations run full passes and record in it, per value prompt, the label
+    probabilities after every layer (the last = the full pass): what `treesearch calibrate` fits
+    CGEE on. Set it before `solve`; a new dict per search keeps each search's calls apart."""
+
+    _verifier_obj: Verifier | None = None  # the Verifier of the current engine and trace
+
+    def _verifier(self) -> Verifier:
         """The Verifier of the current engine (CGEE thresholds: the config's, else calibrated)."""
         from .cgee import thresholds_for
         from .verify import Verifier
 
-        v = getattr(self, "_verifier_obj", None)
-        if v is None or v.engine is not self.engine:
+        v = self._verifier_obj
+        if v is None or v.engine is not self.engine or v.trace is not self.verify_trace:
             t = thresholds_for(self.config, self.engine.name, self.problem.name)
-            v = Verifier(self.engine, self.problem, self.config, t, trace=getattr(self, "cgee_trace", None))
+            v = Verifier(self.engine, self.problem.labels, self.config, t, trace=self.verify_trace)
             self._verifier_obj = v
         return v
 
@@ -361,11 +372,11 @@ class Searcher:
         return terminal, bool(terminal and self.problem.is_solved(state))
 
     def _omega(self, nid: Any) -> float | None:
-        """RSBCM priority of a node: score / (depth + 1), None while unscored."""
+        """RSBCM priority of a node (`treesearch.rsbcm.omega`); None for a node not in the tree."""
         if nid not in self.tree:
             return None
         d = self.tree.node(nid)
-        return None if d["score"] is None else d["score"] / (d["depth"] + 1)
+        return omega(d["score"], d["depth"])
 
     def _tick(self, n: int) -> None:
         if self._bar is not None:

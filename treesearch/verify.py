@@ -1,26 +1,31 @@
-"""`Verifier`: the LM valuations of one `Searcher.evaluate` call, with CGEE when it is on.
+"""`Verifier`: LM valuations of branches, with CGEE when it is on (the one verifier the search and
+`treesearch bench` use).
 
-One call values a batch of pending prompts (prompt -> the nodes that share it):
-1. Level 1: the pending nodes are grouped by parent (the sibling set of one expansion); a decisive
-   set (`treesearch.cgee.decisive_branch`) is not verified, its nodes take the confidence value.
+One call values the branches waiting for a value prompt (prompt i -> the branches that use it):
+1. Level 1: the branches are grouped by parent (the sibling set of one expansion); a decisive
+   set (`treesearch.cgee.decisive_sets`) is not verified, its branches take the confidence value.
 2. Level 2: the other prompts are scored in one engine call whose per-row exit rule
    (`treesearch.cgee.LayerExit`) stops each row at its settled layer.
 3. Measurement mode (`RKSCConfig.cgee_measure`): every prompt is also scored with a full pass; the
-   full result values the tree (so the search is unchanged), the CGEE result is kept on the node as
-   "cgee_score", and each decision that differs is counted in stats.cgee_disagreements: a verified
-   prompt whose label argmax differs, or a skipped set whose chosen branch is not the full best.
-Nodes are marked node["cgee"] = "skipped" | "exit@L" | "full". Counters: see `treesearch.cgee`;
-stats.verify_s adds the wall time of each call (the scoring time `treesearch bench` compares).
+   full result is the value (so a search is unchanged), the CGEE result is kept as `cgee_values`,
+   and each decision that differs is counted in stats.cgee_disagreements: a verified prompt whose
+   label argmax differs, or a skipped set whose chosen branch is not the full pass's best.
+Counters (see `treesearch.cgee`): verify_calls, verify_skipped, verify_layers_run,
+verify_layers_full, cgee_disagreements, and verify_s (the wall time of each call).
+`Verifier.value(tree, pending)` is the Searcher's call: branches from the tree, each valued node
+marked node["cgee"] = "skipped" | "exit@L" | "full".
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .cgee import LayerExit, Thresholds, confidence_value, decisive_branch
+from .cgee import Branch, LayerExit, Thresholds, confidence_value, decisive_sets
 
 
 class LayerRecorder:
@@ -41,108 +46,113 @@ class LayerRecorder:
         return [row for chunk in self.chunks for row in chunk]
 
 
-class Verifier:
-    """Values pending prompts for a Searcher; `trace` (a dict) receives prompt -> per-layer label
-    probabilities of a full pass, for calibration (it forces full passes)."""
+@dataclass
+class Valuation:
+    """What one `Verifier.verify` call found, per branch (node) and per prompt."""
 
-    def __init__(self, engine: Any, problem: Any, config: Any, thresholds: Thresholds,
+    values: dict[Hashable, float] = field(default_factory=dict)  # the value each branch takes
+    probs: dict[Hashable, dict[str, float] | None] = field(default_factory=dict)  # label probs; None: skipped
+    how: dict[Hashable, str] = field(default_factory=dict)  # "skipped" | "exit@L" | "full"
+    asks: dict[Hashable, tuple[Hashable, float]] = field(default_factory=dict)  # ASKS: (node attached to, sigma)
+    cgee_values: dict[Hashable, float] = field(default_factory=dict)  # measurement mode: CGEE's own value
+    reusable: dict[str, float] = field(default_factory=dict)  # prompt -> value a later request may reuse
+
+
+class Verifier:
+    """Values branches by their value prompts on `engine`, with the labels' weights `labels`.
+
+    CGEE is on when `config.cgee` or `config.cgee_measure` is, with `thresholds`. `trace` (a dict)
+    receives prompt -> per-layer label probabilities of a full pass, for calibration (it forces
+    full passes)."""
+
+    def __init__(self, engine: Any, labels: Mapping[str, float], config: Any, thresholds: Thresholds,
                  trace: dict | None = None) -> None:
         self.engine = engine
-        self.problem = problem
+        self.labels = dict(labels)
         self.config = config
         self.t = thresholds
         self.trace = trace
         self.active = bool(config.cgee or config.cgee_measure) and trace is None
 
-    def value(self, tree: Any, pending: dict[str, list[int]]) -> tuple[dict[int, tuple[float, dict | None]],
-                                                                        dict[str, float]]:
-        """(node -> (value, label probs or None), prompt -> value for prompts verified in full or
-        early-exited, which the searcher may reuse)."""
+    def verify(self, prompts: Sequence[str], branches: Sequence[Sequence[Branch]],
+               owners: Sequence[Hashable] | None = None) -> Valuation:
+        """Value the branches: branches[i] use prompts[i] (a prompt given twice is scored twice);
+        owners[i] holds the K/V that the pass of prompts[i] stores (RSBCM), None: no one."""
         t0 = time.perf_counter()
         try:
-            return self._value(tree, pending)
+            return self._verify(list(prompts), [list(b) for b in branches], owners)
         finally:
             self.engine.stats.verify_s += time.perf_counter() - t0
 
-    def _value(self, tree: Any, pending: dict[str, list[int]]) -> tuple[dict[int, tuple[float, dict | None]],
-                                                                         dict[str, float]]:
-        labels = list(self.problem.labels)
+    def value(self, tree: Any, pending: dict[str, list[int]]) -> tuple[dict[int, tuple[float, dict | None]],
+                                                                        dict[str, float]]:
+        """The Searcher's call: (node -> (value, label probs or None), prompt -> value for the
+        searcher to reuse). Branches come from the tree (parent, "confidence"); the first node of a
+        prompt owns its K/V; marks (cgee, asks_value, cgee_score) are written on the nodes."""
+        prompts = list(pending)
+        branches = [[Branch(n, tree.parent(n), float(tree.node(n).get("confidence", 0.0))) for n in pending[q]]
+                    for q in prompts]
+        found = self.verify(prompts, branches, owners=[pending[q][0] for q in prompts])
+        for n, how in found.how.items():
+            tree.node(n)["cgee"] = how
+        for n, (ref, sigma) in found.asks.items():
+            tree.node(n)["asks_value"] = {"ref": ref, "sigma": sigma}
+        for n, v in found.cgee_values.items():
+            tree.node(n)["cgee_score"] = v
+        return {n: (v, found.probs[n]) for n, v in found.values.items()}, found.reusable
+
+    # -- pieces --------------------------------------------------------------------------------------
+    def _verify(self, prompts: list[str], branches: list[list[Branch]], owners) -> Valuation:
+        labels = list(self.labels)
         stats = self.engine.stats
-        stats.verify_calls += len(pending)
-        skipped, chosen = self._skips(tree, pending) if self.active else ({}, {})
-        run = [q for q, ns in pending.items() if any(n not in skipped for n in ns)]
-        stats.verify_skipped += len(pending) - len(run)
+        stats.verify_calls += len(prompts)
+        chosen = decisive_sets([b for bs in branches for b in bs], self.t.tau_conf, self.t.margin) if self.active else {}
+        skipped = {b.node: confidence_value(b.confidence, self.labels)
+                   for bs in branches for b in bs if b.parent in chosen}
+        run = [i for i, bs in enumerate(branches) if any(b.node not in skipped for b in bs)]
+        stats.verify_skipped += len(prompts) - len(run)
         rule = LayerExit(self.t) if self.active else (LayerRecorder() if self.trace is not None else None)
-        scores = self.engine.score(run, labels, owners=[pending[q][0] for q in run], exit_rule=rule)
+        own = None if owners is None else [owners[i] for i in run]
+        scores = self.engine.score([prompts[i] for i in run], labels, owners=own, exit_rule=rule)
         stats.verify_layers_run += sum(s.layers_run for s in scores)
         stats.verify_layers_full += self.engine.num_layers * len(scores)
         if isinstance(rule, LayerRecorder):
-            for q, traj, s in zip(run, rule.rows(), scores):
-                self.trace[q] = traj + [[s.probs[lab] for lab in labels]]
-        quick = {q: s.probs for q, s in zip(run, scores)}
-        out: dict[int, tuple[float, dict | None]] = {}
-        for q, s in zip(run, scores):
-            for n in pending[q]:
-                if n not in skipped:
-                    full = s.layers_run == self.engine.num_layers
-                    tree.node(n)["cgee"] = "full" if full else f"exit@{s.layers_run}"
-                    if getattr(s, "asks_ref", None) is not None:  # ASKS: value prompt attached to another's K/V
-                        tree.node(n)["asks_value"] = {"ref": pending[run[s.asks_ref]][0], "sigma": s.asks_sigma}
-                    out[n] = (self._weighted(s.probs), s.probs)
+            for i, traj, s in zip(run, rule.rows(), scores):
+                self.trace[prompts[i]] = traj + [[s.probs[lab] for lab in labels]]
+        quick = {i: s.probs for i, s in zip(run, scores)}
+        out = Valuation()
+        for i, s in zip(run, scores):
+            for b in branches[i]:
+                if b.node not in skipped:
+                    out.how[b.node] = "full" if s.layers_run == self.engine.num_layers else f"exit@{s.layers_run}"
+                    if s.asks_ref is not None:  # ASKS: the value prompt attached to another prompt's K/V
+                        out.asks[b.node] = (branches[run[s.asks_ref]][0].node, s.asks_sigma)
+                    out.values[b.node], out.probs[b.node] = self._weighted(s.probs), s.probs
         for n, v in skipped.items():
-            tree.node(n)["cgee"] = "skipped"
-            out[n] = (v, None)
+            out.how[n] = "skipped"
+            out.values[n], out.probs[n] = v, None
         if self.config.cgee_measure and self.active:
-            out = self._measure(tree, pending, out, quick, chosen)
-        reusable = {q: self._weighted(quick[q]) for q in run if not self.config.cgee_measure}
-        if self.config.cgee_measure and self.active:
-            reusable = {q: out[pending[q][0]][0] for q in pending}
-        return out, reusable
+            self._measure(prompts, branches, owners, out, quick, chosen)
+        else:
+            out.reusable = {prompts[i]: self._weighted(quick[i]) for i in run}
+        return out
 
-    # -- pieces --------------------------------------------------------------------------------------
     def _weighted(self, probs: dict[str, float]) -> float:
-        return sum(self.problem.labels[lab] * probs[lab] for lab in probs)
+        return sum(self.labels[lab] * probs[lab] for lab in probs)
 
-    def _skips(self, tree: Any, pending: dict[str, list[int]]) -> tuple[dict[int, float], dict[Any, tuple]]:
-        """Level 1 over the sibling sets: skipped node -> confidence value; parent -> (chosen, set)."""
-        sets: dict[Any, list[int]] = {}
-        for ns in pending.values():
-            for n in ns:
-                sets.setdefault(tree.parent(n), []).append(n)
-        skipped: dict[int, float] = {}
-        chosen: dict[Any, tuple] = {}
-        for parent, ns in sets.items():
-            ns = sorted(ns)
-            confs = [float(tree.node(n).get("confidence", 0.0)) for n in ns]
-            i = decisive_branch(confs, self.t.tau_conf, self.t.margin)
-            if i is None:
-                continue
-            chosen[parent] = (ns[i], ns)
-            for n, c in zip(ns, confs):
-                skipped[n] = confidence_value(c, self.problem.labels)
-        return skipped, chosen
-
-    def _measure(self, tree, pending, out, quick, chosen):
-        """Score everything in full; count differing decisions; the full result values the tree."""
-        labels = list(self.problem.labels)
-        prompts = list(pending)
-        full = self.engine.score(prompts, labels, owners=[pending[q][0] for q in prompts])
-        full_probs = {q: s.probs for q, s in zip(prompts, full)}
-        differ = 0
-        for q, probs in quick.items():
-            if _argmax(probs) != _argmax(full_probs[q]):
-                differ += 1
-        node_prompt = {n: q for q, ns in pending.items() for n in ns}
-        for best, ns in chosen.values():
-            full_best = max(ns, key=lambda n: (self._weighted(full_probs[node_prompt[n]]), -n))
+    def _measure(self, prompts, branches, owners, out: Valuation, quick, chosen) -> None:
+        """Score everything in full; count differing decisions; the full result is the value."""
+        full = self.engine.score(prompts, list(self.labels), owners=owners)
+        differ = sum(_argmax(probs) != _argmax(full[i].probs) for i, probs in quick.items())
+        row = {b.node: i for i, bs in enumerate(branches) for b in bs}
+        for best, nodes in chosen.values():
+            full_best = max(nodes, key=lambda n: (self._weighted(full[row[n]].probs), -n))
             differ += best != full_best
         self.engine.stats.cgee_disagreements += differ
-        measured = {}
-        for n, (v, _) in out.items():
-            tree.node(n)["cgee_score"] = v
-            probs = full_probs[node_prompt[n]]
-            measured[n] = (self._weighted(probs), probs)
-        return measured
+        for n in list(out.values):
+            out.cgee_values[n] = out.values[n]
+            out.values[n], out.probs[n] = self._weighted(full[row[n]].probs), full[row[n]].probs
+        out.reusable = {q: out.values[branches[i][0].node] for i, q in enumerate(prompts)}
 
 
 def _argmax(probs: dict[str, float]) -> str:

@@ -4,22 +4,26 @@ Per question: B branches of step-by-step reasoning sampled from one prompt (temp
 top-p 0.95, seeds fixed per question and branch), each verified by one scoring pass over
 " yes" / " no" after the branch's own context, then a score-weighted vote:
     answer = argmax_a sum_{i: a_i = a} P_i(yes)      (ties: the answer reached first).
-With `cgee=True` the branches of a question are one sibling set: CGEE Level 1 may skip the whole
-verification (values from generation confidence), Level 2 may stop each scoring pass early.
+Verification is the search's `Verifier`: with `cgee=True` the branches of a question are one
+sibling set, so CGEE Level 1 may skip the whole verification (values from generation confidence)
+and Level 2 may stop each scoring pass early; the Verifier counts and times it.
 """
 
 from __future__ import annotations
 
 import time
 
+from ..cgee import Branch, thresholds_for
 from ..config import RKSCConfig, Sampling
 from ..engine import Engine
 from ..runtime import LanguageModel
 from ..seeds import stable_seed
 from ..tasks.choice import extract_choice
 from ..tasks.gsm8k import extract_number
+from ..verify import Verifier
+from .modes import cgee_thresholds_note
 from .prompts import BRANCH_STOP, VERIFY_LABELS, branch_prompt, verify_prompt
-from .workloads import RunResult, Tick, cgee_thresholds_note
+from .results import RunResult, Tick
 
 TEMPERATURE = 0.7
 TOP_P = 0.95
@@ -39,43 +43,19 @@ def weighted_vote(answers: list[str | None], weights: list[float]) -> str | None
     return next(a for a in totals if totals[a] == best)
 
 
-def verify(engine: Engine, config: RKSCConfig, prompts: list[str], confidences: list[float],
-           model_name: str, task: str, out: RunResult) -> list[float]:
-    """P(yes) of each branch's verification prompt (one batched scoring pass), CGEE when on."""
-    stats = engine.stats
-    labels = list(VERIFY_LABELS)
-    exit_rule = None
+def verifier(engine: Engine, config: RKSCConfig, model_name: str, task: str, out: RunResult) -> Verifier:
+    """The search's Verifier over " yes" / " no", with the CGEE thresholds of the task (noted when CGEE is on)."""
+    key = CALIBRATION_TASK.get(task, task)
     if config.cgee:
-        try:
-            from .. import cgee
-        except ImportError:
-            out.note("CGEE missing: treesearch.cgee cannot be imported; verification runs in full")
-            cgee = None
-        if cgee is not None:
-            key = CALIBRATION_TASK.get(task, task)
-            th = cgee.thresholds_for(config, model_name, key)
-            out.note(cgee_thresholds_note(config, model_name, key))
-            if cgee.decisive_branch(confidences, th.tau_conf, th.margin) is not None:
-                stats.verify_calls += len(prompts)
-                stats.verify_skipped += len(prompts)
-                return [cgee.confidence_value(c, VERIFY_LABELS) for c in confidences]
-            exit_rule = cgee.LayerExit(th)
-    before = (stats.verify_calls, stats.verify_layers_run, stats.verify_layers_full)
-    try:
-        scores = engine.score(prompts, labels, exit_rule=exit_rule)
-    except RuntimeError as err:  # an engine whose exit rule is one bool for the whole batch
-        if exit_rule is None or "ambiguous" not in str(err):
-            raise
-        out.note("CGEE layer exit not supported by this engine (it expects one bool per batch); full passes")
-        scores = engine.score(prompts, labels)
-    # count what the engine did not count itself (the Searcher counts verify_calls today)
-    if stats.verify_calls == before[0]:
-        stats.verify_calls += len(prompts)
-    if stats.verify_layers_run == before[1]:
-        stats.verify_layers_run += sum(s.layers_run for s in scores)
-    if stats.verify_layers_full == before[2]:
-        stats.verify_layers_full += engine.lm.num_layers * len(scores)
-    return [s.probs[" yes"] for s in scores]
+        out.note(cgee_thresholds_note(config, model_name, key))
+    return Verifier(engine, VERIFY_LABELS, config, thresholds_for(config, model_name, key))
+
+
+def verify(v: Verifier, prompts: list[str], confidences: list[float]) -> list[float]:
+    """P(yes) of each branch's verification prompt (one batched scoring pass); the branches of a
+    question are one sibling set for CGEE Level 1 (a skipped branch takes its confidence value)."""
+    found = v.verify(prompts, [[Branch(j, "question", c)] for j, c in enumerate(confidences)])
+    return [found.values[j] for j in range(len(prompts))]
 
 
 def run_branch(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *, task: str,
@@ -85,6 +65,7 @@ def run_branch(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *
     sampling = Sampling(max_new_tokens=max_new, temperature=TEMPERATURE, top_p=TOP_P,
                         stop=BRANCH_STOP)
     engine = Engine(lm, config)  # kept across items: each starts with the last one's prompt K/V
+    v = verifier(engine, config, lm.name, task, out)
     for idx, item in enumerate(items):
         if idx:
             engine.new_search()
@@ -96,10 +77,7 @@ def run_branch(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *
             answers = [extract_number(g.text) for g in gens]
         else:
             answers = [extract_choice(g.text, item.letters) for g in gens]
-        t1 = time.perf_counter()
-        values = verify(engine, config, [verify_prompt(prompt, g.text) for g in gens],
-                        [g.confidence for g in gens], lm.name, task, out)
-        engine.stats.verify_s += time.perf_counter() - t1
+        values = verify(v, [verify_prompt(prompt, g.text) for g in gens], [g.confidence for g in gens])
         final = weighted_vote(answers, values)
         out.wall_s += time.perf_counter() - t0
         out.add_stats(engine.stats.as_dict())

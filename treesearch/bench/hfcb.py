@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ..config import RKSCConfig, Sampling
 from ..engine import Engine
+from ..eos import eos_token_ids
 from ..runtime import LanguageModel
 
 CB_SETTINGS = dict(allow_block_sharing=True, num_blocks=256, max_batch_tokens=512, max_requests_per_batch=16,
@@ -93,7 +94,7 @@ def replay_hf(lm: LanguageModel, inputs: list[list[list[int]]], max_new_tokens: 
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     model = hf_model(lm)
-    eos = sorted(_eos(lm))
+    eos = sorted(eos_token_ids(lm.model, lm.tokenizer))
     gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
                                pad_token_id=lm.tokenizer.pad_token_id)
     out = ReplayResult()
@@ -118,12 +119,6 @@ def replay_hf(lm: LanguageModel, inputs: list[list[list[int]]], max_new_tokens: 
     finally:
         quiet.setLevel(level)
     return out
-
-
-def _eos(lm: LanguageModel) -> set[int]:
-    from ..forward import eos_token_ids
-
-    return eos_token_ids(lm)
 
 
 def _request_index(key: str) -> tuple[int, str]:

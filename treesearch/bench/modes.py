@@ -1,4 +1,4 @@
-"""The benchmark modes and what each one really switched on.
+"""The benchmark modes and what each one switches on.
 
 - nokv:  RKSCConfig(kv_sharing="off"): every call recomputes its whole context.
 - exact: RKSCConfig(kv_sharing="exact"): exact token-prefix sharing only (the vLLM-equivalent; like a
@@ -6,17 +6,16 @@
 - cgee:  exact + cgee=True (thresholds: the shipped calibration), nothing else: beside exact it
          shows what CGEE alone does to the verification (scoring) time, `verify_s`.
 - rksc:  exact (or "asks" where RKSCConfig's default turns it on) + cgee=True + a cache budget for
-         RSBCM. It is built from RKSCConfig flags only, so it picks up the CGEE / RSBCM / ASKS
-         work as it lands; `feature_notes` says honestly which of them this build has.
+         RSBCM, built from RKSCConfig flags only; `feature_notes` lists what it switches on.
 - hf-cb: transformers' `generate_batch` continuous batching with block sharing, replaying the
          same generation requests greedily (`treesearch.bench.hfcb`); it cannot score or search.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 
+from ..cgee import load_thresholds, thresholds_for
 from ..config import RKSCConfig
 
 MODES = ("nokv", "exact", "cgee", "rksc", "hf-cb")
@@ -74,25 +73,24 @@ def make_mode(name: str, cache_budget: int | None = None) -> Mode:
     raise ValueError(f"unknown mode {name!r}")
 
 
-def _has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
 def feature_notes(config: RKSCConfig) -> list[str]:
-    """One line per RKSC policy: present in this build or not (checked by module, not assumed)."""
-    notes = []
-    notes.append("CGEE: treesearch.cgee present" if _has("treesearch.cgee")
-                 else "CGEE: MISSING (no treesearch.cgee in this build); cgee=True has no effect")
+    """One line per RKSC policy: what the config switches on."""
+    notes = ["CGEE: on (cgee=True)" if config.cgee else "CGEE: off"]
     if config.cache_budget is None:
         notes.append("RSBCM: no cache budget set (unbounded)")
-    elif _has("treesearch.rsbcm"):
-        notes.append(f"RSBCM: treesearch.rsbcm present, cache_budget={config.cache_budget} B")
     else:
-        notes.append(f"RSBCM: MISSING (no treesearch.rsbcm in this build); cache_budget={config.cache_budget} B "
-                     "is not enforced")
+        notes.append(f"RSBCM: cache_budget={config.cache_budget} B")
     if config.kv_sharing == "asks":
-        notes.append("ASKS: on (RKSCConfig default)" if _has("treesearch.asks")
-                     else "ASKS: kv_sharing='asks' but no treesearch.asks in this build")
+        notes.append("ASKS: on (RKSCConfig default)")
     else:
         notes.append("ASKS: off (not on by default in RKSCConfig)")
     return notes
+
+
+def cgee_thresholds_note(config: RKSCConfig, model_name: str, task: str) -> str:
+    """Which CGEE thresholds a run uses: calibrated (treesearch/calibration) or config defaults."""
+    th = thresholds_for(config, model_name, task)
+    source = "calibrated" if config.min_layer is None and load_thresholds(model_name, task) is not None else \
+        "UNCALIBRATED (config defaults)"
+    return (f"CGEE thresholds {source} for {model_name} / {task}: min_layer={th.min_layer}, theta={th.theta}, "
+            f"eps={th.eps}, tau_conf={th.tau_conf}, margin={th.margin}")

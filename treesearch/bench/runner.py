@@ -17,7 +17,8 @@ from ..engine import Engine
 from ..runtime import LanguageModel
 from . import hfcb
 from .modes import ENGINE_MODES, Mode, make_mode
-from .workloads import RunResult, Tick, Workload
+from .results import RunResult, Tick
+from .workloads import Workload
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from ..tasks.gsm8k import extract_number
 from ..seeds import stable_seed
 from .branch import TEMPERATURE, TOP_P
 from .prompts import TREE_LEVELS, TREE_STOP, tree_prompt
-from .workloads import RunResult, Tick
+from .results import RunResult, Tick
 
 WIDTH = 3
 MAX_NEW_TOKENS = (48, 96, 64)  # plan, execute, reflect

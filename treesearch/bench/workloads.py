@@ -5,9 +5,7 @@
   (`treesearch.bench.branch`).
 - tree:   plan / execute / reflect, 3 branches per level, 27 leaves, majority vote on GSM8K
   (`treesearch.bench.tree`).
-Each run records its counters, its decisions (strings compared position by position across modes),
-per-item correctness, and the generation requests it issued (prompts batched as issued) so that
-`hf-cb` can replay exactly those.
+Each run records a `RunResult` (`treesearch.bench.results`).
 """
 
 from __future__ import annotations
@@ -19,38 +17,10 @@ from typing import Any
 
 from ..config import RKSCConfig
 from ..runtime import LanguageModel
-
-Tick = Callable[[int], None]
-SUM_FIELDS = ("prefill_tokens", "reused_tokens", "decode_tokens", "unique_tokens", "generated_tokens",
-              "model_calls", "generate_calls", "score_calls", "verify_calls", "verify_skipped",
-              "verify_layers_run", "verify_layers_full", "cgee_disagreements", "asks_attached",
-              "asks_extra_reused", "evicted_blocks", "recomputed_tokens")
-
-
-@dataclass
-class RunResult:
-    """One timed run of a workload in one mode."""
-
-    wall_s: float = 0.0
-    verify_s: float = 0.0  # of wall_s, the time spent verifying (scoring) branches: Stats.verify_s summed
-    stats: dict = field(default_factory=dict)
-    decisions: list[str] = field(default_factory=list)
-    correct: list[bool] = field(default_factory=list)
-    requests: list[list[list[str]]] = field(default_factory=list)  # item -> generate call -> prompts
-    max_new_tokens: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    def add_stats(self, stats: dict) -> None:
-        """Sum counters over items; peak KV is the maximum (each item's search counts its own). The
-        verification time goes to `verify_s`, not into the counters (which must repeat exactly)."""
-        self.verify_s += float(stats.get("verify_s", 0.0) or 0.0)
-        for k in SUM_FIELDS:
-            self.stats[k] = self.stats.get(k, 0) + int(stats.get(k, 0) or 0)
-        self.stats["peak_kv_bytes"] = max(self.stats.get("peak_kv_bytes", 0), int(stats.get("peak_kv_bytes", 0)))
-
-    def note(self, text: str) -> None:
-        if text not in self.notes:
-            self.notes.append(text)
+from .branch import run_branch
+from .modes import cgee_thresholds_note
+from .results import RunResult, Tick
+from .tree import run_tree
 
 
 @dataclass
@@ -109,19 +79,6 @@ def run_game24(lm: LanguageModel, config: RKSCConfig, puzzles: list[str], tick: 
     return out
 
 
-def cgee_thresholds_note(config: RKSCConfig, model_name: str, task: str) -> str:
-    """Which CGEE thresholds a run uses: calibrated (treesearch/calibration) or config defaults."""
-    try:
-        from ..cgee import load_thresholds, thresholds_for
-    except ImportError:
-        return "CGEE missing: treesearch.cgee cannot be imported"
-    th = thresholds_for(config, model_name, task)
-    source = "calibrated" if config.min_layer is None and load_thresholds(model_name, task) is not None else \
-        "UNCALIBRATED (config defaults)"
-    return (f"CGEE thresholds {source} for {model_name} / {task}: min_layer={th.min_layer}, theta={th.theta}, "
-            f"eps={th.eps}, tau_conf={th.tau_conf}, margin={th.margin}")
-
-
 def make_workload(name: str, task: str | None, start: int, end: int, *, branches: int = 8,
                   seed: int = 0, max_new_tokens: int | None = None) -> Workload:
     """The workload named on the command line, over input rows [start, end); max_new_tokens
@@ -134,8 +91,6 @@ def make_workload(name: str, task: str | None, start: int, end: int, *, branches
         return Workload("game24", "game24", load_puzzles(start, end), run_game24,
                         {"seed": seed, "max_new_tokens": max_new_tokens})
     if name == "branch":
-        from .branch import run_branch
-
         task = task or "gsm8k"
         loaders = {"gsm8k": datasets.load_gsm8k, "arc_challenge": datasets.load_arc,
                    "mmlu_stem": datasets.load_mmlu_stem}
@@ -144,8 +99,6 @@ def make_workload(name: str, task: str | None, start: int, end: int, *, branches
         return Workload("branch", task, loaders[task](start, end), run_branch,
                         {"task": task, "branches": branches, "seed": seed, "max_new_tokens": max_new_tokens})
     if name == "tree":
-        from .tree import run_tree
-
         if task not in (None, "gsm8k"):
             raise SystemExit(f"the tree workload runs on gsm8k only, not {task!r}")
         return Workload("tree", "gsm8k", datasets.load_gsm8k(start, end), run_tree,

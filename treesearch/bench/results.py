@@ -1,0 +1,41 @@
+"""What one timed run of a workload records (`RunResult`), shared by every workload, the runner
+and the report: its counters, its decisions (strings compared position by position across
+modes), per-item correctness, and the generation requests it issued (prompts batched as issued)
+so that `hf-cb` can replay exactly those."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+Tick = Callable[[int], None]
+SUM_FIELDS = ("prefill_tokens", "reused_tokens", "decode_tokens", "unique_tokens", "generated_tokens",
+              "model_calls", "generate_calls", "score_calls", "verify_calls", "verify_skipped",
+              "verify_layers_run", "verify_layers_full", "cgee_disagreements", "asks_attached",
+              "asks_extra_reused", "evicted_blocks", "recomputed_tokens")
+
+
+@dataclass
+class RunResult:
+    """One timed run of a workload in one mode."""
+
+    wall_s: float = 0.0
+    verify_s: float = 0.0  # of wall_s, the time spent verifying (scoring) branches: Stats.verify_s summed
+    stats: dict = field(default_factory=dict)
+    decisions: list[str] = field(default_factory=list)
+    correct: list[bool] = field(default_factory=list)
+    requests: list[list[list[str]]] = field(default_factory=list)  # item -> generate call -> prompts
+    max_new_tokens: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def add_stats(self, stats: dict) -> None:
+        """Sum counters over items; peak KV is the maximum (each item's search counts its own). The
+        verification time goes to `verify_s`, not into the counters (which must repeat exactly)."""
+        self.verify_s += float(stats.get("verify_s", 0.0) or 0.0)
+        for k in SUM_FIELDS:
+            self.stats[k] = self.stats.get(k, 0) + int(stats.get(k, 0) or 0)
+        self.stats["peak_kv_bytes"] = max(self.stats.get("peak_kv_bytes", 0), int(stats.get("peak_kv_bytes", 0)))
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
