@@ -122,3 +122,11 @@ def test_tree_load_of_a_search_result_points_to_search_result_load(tiny_lm, tmp_
         ThoughtTree.load(path)
     assert str(info.value) == (f"{path} is a saved search result, not a bare tree: use SearchResult.load(path, "
                                "problem) and take its .tree")
+
+
+def test_the_progress_bar_shows_one_count_the_trees_size(tiny_lm):
+    searcher = Searcher(tiny_lm, Letters(), BFS(breadth=2), progress=True)
+    result = searcher.solve("x")
+    bar = searcher._bar  # closed, still readable
+    assert bar.n == len(result.tree) == 3
+    assert str(bar).startswith("search: 3 nodes [") and "nodes=" not in str(bar)
