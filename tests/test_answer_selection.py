@@ -45,7 +45,7 @@ def test_dfs_answer_pruned_below_the_threshold_is_the_best_attempt(tiny_lm):
     assert answer_lines(result) == ["no solution found; best attempt: a1 (node #2, value 0.10)", "solved: no"]
 
 
-def test_a_solved_node_is_the_answer_even_when_the_strategy_kept_another(tiny_lm):
+def test_a_solved_node_comes_first_when_the_strategys_best_states_no_answer(tiny_lm):
     # BFS keeps the higher-valued unfinished b and prunes the solved a
     problem = TableProblem({"": ["a", "b"]}, {"a": 0.3, "b": 0.9}, terminal={"a"}, solved={"a"}, max_depth=1)
     result = solve(tiny_lm, problem, BFS(breadth=1))
@@ -54,6 +54,8 @@ def test_a_solved_node_is_the_answer_even_when_the_strategy_kept_another(tiny_lm
 
 
 def test_the_strategys_best_wins_when_it_states_an_answer(tiny_lm):
+    # (MCTS with answer="visits" keeps its most-visited terminal over a solved one the same way:
+    # tests/test_strategies.py::test_mcts_uct_visits_and_values_by_hand)
     problem = TableProblem({"": ["a", "b"]}, {"a": 0.3, "b": 0.9}, terminal={"a", "b"}, max_depth=1)
     result = solve(tiny_lm, problem, BFS(breadth=2))
     assert (result.best, result.answer_node, result.answer) == (2, 2, "b")

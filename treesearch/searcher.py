@@ -204,28 +204,28 @@ class Searcher:
                             error=error, problem=self.problem, answer_node=node)
 
     def answer_node(self, best: int | None) -> int | None:
-        """The node whose answer the search reports, among the nodes that state one (the problem's
-        `answer(state)` is not None), in this order: the best-valued solved node; else the strategy's
-        `best` if it states an answer; else the best-valued node that does (pruned ones included: a
-        strategy may prune an answer it values low, or leave the best-valued node at the frontier
-        without one). Ties: lower id. None when no node states an answer.
+        """The node whose answer the search reports: the strategy's `best` if it states one (the
+        problem's `answer(state)` is not None), else the best node that does -- solved first, then
+        by value, then lower id; pruned nodes count (a strategy may prune an answer it values low).
+        None when no node states an answer.
 
-        Why: strategies pick `best` by their own criteria (value, path score, visits), which may
-        fall on a node that states no answer, e.g. a BFS state at the depth limit valued above the
-        finished answers beside it."""
+        Why: strategies pick `best` by their own criteria (value, path score, visits), and that may
+        be a node that states no answer, e.g. a BFS state left at the frontier by the depth limit,
+        valued above the finished answers beside it, or DFS's best visited state when the answer
+        below it was pruned. The strategy's choice is kept whenever it answers (MCTS's
+        `answer="visits"` still reports its most-visited terminal)."""
         tree, p = self.tree, self.problem
-        stating = [n for n in sorted(tree.graph) if p.answer(tree.node(n)["state"]) is not None]
-
-        def value(n: int) -> float:
-            score = tree.node(n)["score"]
-            return float("-inf") if score is None else score
-
-        solved = [n for n in stating if p.is_solved(tree.node(n)["state"])]
-        if solved:
-            return best if best in solved else max(solved, key=lambda n: (value(n), -n))
-        if best in stating:
+        if best is not None and p.answer(tree.node(best)["state"]) is not None:
             return best
-        return max(stating, key=lambda n: (value(n), -n)) if stating else None
+        stating = [n for n in sorted(tree.graph) if p.answer(tree.node(n)["state"]) is not None]
+        if not stating:
+            return None
+
+        def rank(n: int) -> tuple:
+            d = tree.node(n)
+            return (bool(p.is_solved(d["state"])), float("-inf") if d["score"] is None else d["score"], -n)
+
+        return max(stating, key=rank)
 
     def _attach_partial(self, exc: BaseException) -> None:
         """Put the partial search on the exception (and on self) so nothing found is lost."""
