@@ -4,7 +4,9 @@ Checked: the screenshot is a real picture (size, colours) and the DOM holds exac
 element per tree node (or, when folded, shown + folded = the tree's size).
 
 Screenshots are kept in $TREESEARCH_ARTIFACTS (default: build/browser/ in the repository).
-The test skips, saying why, only when no Chromium binary can be found.
+The test skips, saying why, only when no Chromium binary can be found: under .ci/run, what its
+install attempt gave (TREESEARCH_CHROMIUM_INSTALL); under a plain `make test`, which installs no
+system package, that nothing tried.
 """
 
 from __future__ import annotations
@@ -21,9 +23,17 @@ from viz_trees import big_tree, marked_tree, words_search
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser")) if p), None)
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="Chromium is not installed (Debian: apt-get install -y chromium; .ci/run tries this and the install failed)")
+
+
+def why_no_chromium(tried: str | None) -> str:
+    """The skip message: what the install attempt of .ci/run gave, or that nothing tried."""
+    if tried:
+        return f"Chromium is not installed; .ci/run tried to install it: {tried}"
+    return ("Chromium is not installed, and nothing tried to install it (plain `make test` installs no system "
+            "package; .ci/run does, or: apt-get install -y chromium)")
+
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=why_no_chromium(os.environ.get("TREESEARCH_CHROMIUM_INSTALL")))
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
 

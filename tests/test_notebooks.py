@@ -24,6 +24,7 @@ def run(name: str):
         nbclient.NotebookClient(book, timeout=CELL_TIMEOUT, kernel_name="python3",
                                 resources={"metadata": {"path": scratch}}).execute()
         written = sorted(p.name for p in Path(scratch).iterdir())
+    assert "TqdmWarning" not in stream(book)  # ipywidgets (the test extra) gives tqdm its notebook bars
     return book, written
 
 
@@ -45,6 +46,11 @@ def tree_views(book) -> list[tuple[int, int]]:
         if m:
             views.append((int(m.group(1)), html.count('<g class="node ')))
     return views
+
+
+def test_saved_notebooks_show_no_progress_bar_warning():
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        assert "TqdmWarning" not in stream(nbformat.read(path, as_version=4)), path.name
 
 
 @pytest.mark.real_model

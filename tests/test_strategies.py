@@ -277,12 +277,13 @@ def test_strategies_are_keyword_only():
 # -- CLI ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, cls", [("bfs", BFS), ("beam", Beam), ("mcts", MCTS), ("dfs", DFS)])
 def test_cli_registry_builds_each_strategy(name, cls):
-    from treesearch.cli import build_parser, make_strategy
+    from treesearch.cli import build_parser
+    from treesearch.preflight import search_strategy
 
     args = build_parser().parse_args(["solve", "game24", "4 5 6 10", "--strategy", name, "--breadth", "3",
                                       "--depth", "2", "--iterations", "7", "--exploration", "0.5",
                                       "--threshold", "1.5", "--max-states", "9"])
-    strategy = make_strategy(args)
+    strategy = search_strategy(args)
     assert type(strategy) is cls and name in FROM_CLI
     want = {"bfs": {"breadth": 3}, "beam": {"width": 3}, "mcts": {"iterations": 7, "exploration": .5},
             "dfs": {"threshold": 1.5, "max_states": 9}}[name]
@@ -297,7 +298,7 @@ def test_cli_solve_runs_each_strategy(name, capsys, monkeypatch, tiny_lm):
     assert main(["solve", "game24", "4 5 6 10", "--model", "tiny", "--strategy", name, "--iterations", "2",
                  "--max-states", "2", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "answer:" in out and "prefill_tokens=" in out
+    assert "solved: " in out and "prefill_tokens=" in out
 
 
 # -- end to end, default model ----------------------------------------------------------------------

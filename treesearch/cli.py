@@ -1,7 +1,8 @@
 """Command line: `treesearch solve TASK INPUT`, `treesearch bench`, `treesearch calibrate`.
 
-Heavy libraries (torch, transformers) are imported inside the command handlers, so `--help`
-stays fast.
+Every argument is checked before the model loads (`treesearch.preflight`); a bad one is reported
+in one line, `treesearch: error: ...`, with exit status 2. Heavy libraries (torch, transformers)
+are imported only after those checks, so `--help` and argument errors stay fast.
 """
 
 from __future__ import annotations
@@ -9,100 +10,128 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .errors import TreeSearchError, UsageError
+from .preflight import ArgumentParser, check_bench, check_solve, one_line, strategy_names, task_names
+
 
 def _add_search_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="HF model folder or id (default: embedded SmolLM2-135M-Instruct; 'tiny' for a random test model)")
+    p.add_argument("--model", default=None, help="HF model folder or cached id (default: embedded SmolLM2-135M-Instruct; 'tiny' for a random test model)")
     p.add_argument("--device", default=None, help="torch device (default cpu)")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads for the run (default: torch's own; 1 is faster on a busy machine)")
     p.add_argument("--kv", default="exact", choices=["off", "exact", "asks"], help="KV sharing mode (default exact)")
     p.add_argument("--cache-budget", type=int, default=None, metavar="BYTES", help="KV cache budget in bytes (default unbounded)")
     p.add_argument("--cgee", default="off", choices=["on", "off"], help="CGEE early exit for verification")
     p.add_argument("--cgee-measure", action="store_true", help="run every verification both ways and count disagreements")
-    p.add_argument("--strategy", default="bfs", help="bfs (default), beam, mcts or dfs")
+    p.add_argument("--strategy", default="bfs", help=f"one of {', '.join(strategy_names())} (default bfs)")
     p.add_argument("--breadth", type=int, default=5, help="BFS/beam: states kept per step (default 5)")
     p.add_argument("--depth", type=int, default=None, help="depth limit (default: the task's)")
     p.add_argument("--iterations", type=int, default=None, help="MCTS iterations")
     p.add_argument("--exploration", type=float, default=None, help="MCTS exploration constant")
     p.add_argument("--threshold", type=float, default=None, help="DFS: prune below this value")
     p.add_argument("--max-states", type=int, default=None, help="DFS: state budget")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 = greedy (default: the task's own; game24 is greedy, gsm8k samples at 0.7)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (default: the task's own)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write answer, stats and tree as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="treesearch", description="Tree-of-Thoughts search with KV sharing between branches.")
+    parser = ArgumentParser(prog="treesearch", description="Tree-of-Thoughts search with KV sharing between branches.")
     sub = parser.add_subparsers(dest="command", required=True)
     solve = sub.add_parser("solve", help="solve one input of a task and show the tree")
-    solve.add_argument("task", help="task name (game24)")
-    solve.add_argument("input", help='task input, e.g. "4 5 6 10"')
+    solve.add_argument("task", help=f"task name: {', '.join(task_names())}")
+    solve.add_argument("input", help='task input, e.g. "4 5 6 10" for game24 or a word problem for gsm8k')
     solve.add_argument("--max-nodes", type=int, default=60, help="nodes shown in the text view")
     solve.add_argument("--resume", default=None, metavar="PATH",
                        help="continue the search saved at PATH (written when a search stops on an error or Ctrl-C)")
     _add_search_flags(solve)
-    for name, helptext in (("bench", "benchmark KV modes side by side"), ("calibrate", "calibrate CGEE thresholds")):
-        sp = sub.add_parser(name, help=helptext, add_help=False)
-        sp.add_argument("rest", nargs=argparse.REMAINDER)
+    # bench and calibrate parse their own arguments (main hands them over as given); listed for --help
+    sub.add_parser("bench", help="benchmark KV modes side by side (treesearch bench --help)", add_help=False)
+    sub.add_parser("calibrate", help="calibrate CGEE thresholds (treesearch calibrate --help)", add_help=False)
     return parser
 
 
-def make_strategy(args: argparse.Namespace) -> Any:
-    import strategies
+def load_model_or_fail(args: argparse.Namespace) -> Any:
+    """The model of --model / --device / --dtype, or a UsageError in one line when transformers
+    or torch refuse it (a folder that holds no usable model, an unknown device)."""
+    from .runtime import load_model
 
-    name = args.strategy.lower()
-    factories = getattr(strategies, "FROM_CLI", {"bfs": lambda a: strategies.BFS(breadth=a.breadth, max_depth=a.depth)})
-    if name not in factories:
-        raise SystemExit(f"unknown strategy {args.strategy!r}; choose from {', '.join(sorted(factories))}")
-    return factories[name](args)
+    try:
+        return load_model(args.model, device=args.device, dtype=args.dtype)
+    except (OSError, ValueError, RuntimeError) as exc:
+        which = args.model or "the default model"
+        raise UsageError(f"could not load {which} (device {args.device or 'cpu'}): {one_line(exc)}"[:500]) from None
 
 
-def make_config(args: argparse.Namespace):
-    from .config import RKSCConfig
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with n torch CPU threads (None: leave torch's setting), restoring it after."""
+    if n is None:
+        yield
+        return
+    import torch
 
-    return RKSCConfig(kv_sharing=args.kv, cache_budget=args.cache_budget, cgee=args.cgee == "on",
-                      cgee_measure=args.cgee_measure)
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
-    from .config import Sampling
-    from .errors import TreeSearchError
-    from .runtime import load_model
+    plan = check_solve(args)  # everything but the model's weights, before they load
     from .searcher import Searcher
-    from .tasks import TASKS
 
-    if args.task not in TASKS:
-        raise SystemExit(f"unknown task {args.task!r}; choose from {', '.join(sorted(TASKS))}")
-    problem = TASKS[args.task]()
-    base = problem.sampling
-    sampling = Sampling(max_new_tokens=base.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                        stop=base.stop, seed=args.seed)
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
-    searcher = Searcher(model, problem, make_strategy(args), make_config(args), sampling=sampling, seed=args.seed,
-                        progress=not args.no_progress)
-    try:
-        result = searcher.resume(args.resume) if args.resume else searcher.solve(args.input)
-    except (TreeSearchError, KeyboardInterrupt) as exc:
-        return _stopped(exc, args, problem)
+    with torch_threads(args.threads):
+        model = load_model_or_fail(args)
+        searcher = Searcher(model, plan.problem, plan.strategy, plan.config, sampling=plan.sampling, seed=args.seed,
+                            progress=not args.no_progress)
+        try:
+            result = searcher.resume(args.resume) if args.resume else searcher.solve(args.input)
+        except (TreeSearchError, KeyboardInterrupt) as exc:
+            return _stopped(exc, args, plan.problem)
     print(result.tree.text_view(max_nodes=args.max_nodes))
     print()
-    print(f"answer: {result.answer if result.answer is not None else '(none)'}")
-    print(f"solved: {'yes' if result.solved else 'no'}")
+    print("\n".join(answer_lines(result)))
     print("stats: " + ", ".join(f"{k}={_fmt(v)}" for k, v in result.stats.items()))
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(result.to_json(problem), indent=1, default=repr))
+        Path(args.json_path).write_text(json.dumps(result.to_json(plan.problem), indent=1, default=repr))
         print(f"wrote {args.json_path}")
     return 0
+
+
+def answer_lines(result: Any) -> list[str]:
+    """The answer and whether it solves the task, naming the node it came from. An answer that
+    was not verified as a solution is printed as a best attempt, never as a plain result."""
+    if result.answer_node is None:
+        where = f" (best node {_where(result.tree, result.best)})" if result.best is not None else ""
+        return [f"no solution found; no node states an answer{where}", "solved: no"]
+    where = _where(result.tree, result.answer_node)
+    if result.solved:
+        return [f"answer: {result.answer} (node {where})", "solved: yes"]
+    return [f"no solution found; best attempt: {result.answer} (node {where})", "solved: no"]
+
+
+def _where(tree: Any, n: int) -> str:
+    score = tree.node(n)["score"]
+    return f"#{n}, " + ("not valued" if score is None else f"value {score:.2f}")
 
 
 def _stopped(exc: BaseException, args: argparse.Namespace, problem: Any) -> int:
     """A search that stopped on a user-facing error or Ctrl-C: say why in one line, keep the
     partial search on disk and print the command that continues it (exit status 2, 130 on Ctrl-C)."""
-    why = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
+    why = "interrupted" if isinstance(exc, KeyboardInterrupt) else one_line(exc)
     print(f"treesearch: error: {why}", file=sys.stderr)
     partial = getattr(exc, "partial_result", None)
     if partial is not None and len(partial.tree) > 1:
@@ -113,33 +142,62 @@ def _stopped(exc: BaseException, args: argparse.Namespace, problem: Any) -> int:
     return 130 if isinstance(exc, KeyboardInterrupt) else 2
 
 
+def cmd_bench(argv: list[str]) -> int:
+    """`treesearch bench ...`: its arguments checked first, then `treesearch.bench.cli.main`."""
+    check_bench(argv)
+    from .bench.cli import main as bench_main
+
+    try:
+        return bench_main(argv)
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # bench's own refusals (e.g. a range with no rows)
+            raise UsageError(one_line(Exception(exc.code))) from None
+        raise
+    except TreeSearchError as exc:
+        raise UsageError(one_line(exc)) from None
+
+
+def cmd_calibrate(argv: list[str]) -> int:
+    from .calibrate import main as calibrate_main
+
+    return calibrate_main(argv)
+
+
+# Commands that parse their own arguments: main hands them everything after the command name
+# (argparse's REMAINDER would drop a leading "--option").
+HANDED_OVER: dict[str, Callable[[list[str]], int]] = {"bench": cmd_bench, "calibrate": cmd_calibrate}
+
+
 def _fmt(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
+def _one_line_warnings(show: Callable[..., None]) -> Callable[..., None]:
+    """A `warnings.showwarning` that prints treesearch's own warnings as one line on stderr,
+    `treesearch: warning: ...`, and hands the others to `show`."""
+    package = str(Path(__file__).parent)
+
+    def show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                     line: str | None = None) -> None:
+        if filename.startswith(package):
+            print(f"treesearch: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return show_warning
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    if argv[:1] == ["calibrate"]:  # argparse's REMAINDER drops a leading "--option": hand over as is
-        from .calibrate import main as calibrate_main
-
-        return calibrate_main(argv[1:])
-    args = parser.parse_args(argv)
-    if args.command == "solve":
-        return cmd_solve(args)
-    if args.command == "bench":
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warnings(warnings.showwarning)
         try:
-            from .bench.cli import main as bench_main
-        except ImportError:
-            raise SystemExit("treesearch bench is not available in this build") from None
-        return bench_main(args.rest)
-    if args.command == "calibrate":
-        try:
-            from .calibrate import main as calibrate_main
-        except ImportError:
-            raise SystemExit("treesearch calibrate is not available in this build") from None
-        return calibrate_main(args.rest)
-    return 1
+            if argv[:1] and argv[0] in HANDED_OVER:
+                return HANDED_OVER[argv[0]](argv[1:])
+            return cmd_solve(build_parser().parse_args(argv))
+        except UsageError as exc:
+            print(f"treesearch: error: {exc}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ class ModelNotInstalledError(TreeSearchError):
     """The default model package is missing; the message prints the install command."""
 
 
+class ModelNotFoundError(TreeSearchError, ValueError):
+    """A model name is neither the default, 'tiny', a model folder nor a model in the local Hugging Face
+    cache; raised before anything loads, so a typo costs no start-up time."""
+
+
 class ProblemDefinitionError(TreeSearchError):
     """A user's Problem subclass broke its contract (missing method, wrong return type, bad value)."""
 
@@ -37,3 +42,8 @@ class SaveFileError(TreeSearchError):
 
 class ResumeError(TreeSearchError):
     """A saved search cannot be continued by this Searcher (other problem, seed or strategy)."""
+
+
+class UsageError(TreeSearchError):
+    """A command-line argument is invalid. The CLI prints it as one line, `treesearch: error: ...`,
+    and exits with status 2, before any model loads."""

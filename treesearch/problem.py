@@ -2,6 +2,7 @@
 states; it never touches the model.
 
 Contract (each method is called by the `Searcher`, never by strategies directly):
+- `check_input(x)`: raise ParseError when x is not a valid input (no model needed; default: accept).
 - `initial_state(x)`: the root state for input x (default: x itself).
 - `expand_prompt(state) -> str`: the prompt whose continuation proposes children.
   Chain style: return the parent's context plus the new thought (e.g. `state.text`); the engine
@@ -58,6 +59,12 @@ class Problem:
         raise NotImplementedError
 
     # -- optional --------------------------------------------------------------------------------
+    def check_input(self, x: Any) -> None:
+        """Raise `treesearch.ParseError` naming the expected form when x is not an input this problem
+        can start from. Needs no model: the CLI calls it before loading one, so a typo costs no
+        start-up time. The default accepts anything."""
+        return None
+
     def initial_state(self, x: Any) -> Any:
         return x
 
@@ -81,12 +88,19 @@ class Problem:
         return repr(state)
 
     def state_to_json(self, state: Any) -> Any:
-        """A JSON-able form of the state for saving the tree (default: as is if JSON-able, else repr)."""
+        """A JSON-able form of the state for saving the tree. The default returns the state as is
+        and raises ProblemDefinitionError for one JSON cannot hold (a set, a dataclass...): saving
+        its repr would load back as a string, changing the state's type behind the user's back.
+        Override it together with `state_from_json` for such states."""
         try:
-            json.dumps(state)
-            return state
-        except (TypeError, ValueError):
-            return repr(state)
+            json.dumps(state, allow_nan=True)
+        except (TypeError, ValueError) as exc:
+            cls = type(self).__name__
+            raise ProblemDefinitionError(
+                f"{cls}: a state of type {type(state).__name__} cannot be saved as JSON ({exc}); define "
+                f"{cls}.state_to_json(state) returning JSON data (dict, list, str, numbers) and "
+                f"{cls}.state_from_json(data) rebuilding the state") from None
+        return state
 
     def state_from_json(self, data: Any) -> Any:
         return data

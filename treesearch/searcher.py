@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,12 +52,14 @@ class SearchResult:
     status: str = "complete"  # "complete" | "interrupted"
     error: str | None = None  # repr of the exception that interrupted the search
     problem: Problem | None = field(default=None, repr=False, compare=False)  # converts states on save
+    answer_node: int | None = None  # the node `answer` was read from (see Searcher.result); None: no answer
 
     def to_json(self, problem: Problem | None = None) -> dict:
         problem = problem or self.problem
         conv = problem.state_to_json if problem is not None else None
-        return {"answer": self.answer, "solved": self.solved, "best": self.best, "status": self.status,
-                "error": self.error, "stats": self.stats, "config": self.config, "tree": self.tree.to_json(conv)}
+        return {"answer": self.answer, "solved": self.solved, "best": self.best, "answer_node": self.answer_node,
+                "status": self.status, "error": self.error, "stats": self.stats, "config": self.config,
+                "tree": self.tree.to_json(conv)}
 
     def save(self, path: str | Path, problem: Problem | None = None) -> Path:
         """Write the result to path atomically, with a checksum; states go through the problem's
@@ -75,8 +78,13 @@ class SearchResult:
         tree = ThoughtTree.from_json(r["tree"], problem.state_from_json if problem is not None else None)
         if r["best"] is not None and r["best"] not in tree:
             raise SaveFileError(f"{path}: best node {r['best']} is not in the saved tree; nothing was loaded")
+        # files from before answer_node read their answer from best
+        answer_node = r.get("answer_node", r["best"] if r["answer"] is not None else None)
+        if answer_node is not None and (isinstance(answer_node, bool) or answer_node not in tree):
+            raise SaveFileError(f"{path}: answer node {answer_node!r:.20} is not in the saved tree; nothing was loaded")
         return cls(tree=tree, best=r["best"], answer=r["answer"], solved=r["solved"], stats=r["stats"],
-                   config=r["config"], status=r["status"], error=r["error"], problem=problem)
+                   config=r["config"], status=r["status"], error=r["error"], problem=problem,
+                   answer_node=answer_node)
 
 
 class Searcher:
@@ -89,16 +97,19 @@ class Searcher:
     def __init__(self, model: LanguageModel | Backend, problem: Problem, strategy: Any = None,
                  config: RKSCConfig | None = None, *, sampling: Sampling | None = None, seed: int = 0,
                  progress: bool = True, keep_cache: bool = True) -> None:
+        _check_problem_instance(problem)
         check_problem(problem)
         if strategy is None:
             from strategies import BFS
 
             strategy = BFS()
+        _check_strategy(strategy)
         self.model = model
         self.problem = problem
         self.strategy = strategy
         self.config = config or RKSCConfig()
         self.sampling = sampling or problem.sampling
+        _warn_greedy_duplicates(problem, self.sampling)
         self.seed = seed
         self.progress = progress
         self.keep_cache = keep_cache  # later solve() calls start with the last search's prompt K/V
@@ -172,7 +183,7 @@ class Searcher:
         self.engine.pin_owner(self.tree.root)  # the root prompt is never evicted
         self.partial_result = None
         t0 = time.perf_counter()
-        self._bar = _progress(self.progress)
+        self._bar = _progress(self.progress, len(self.tree))
         try:
             best = self.strategy.run(self)
         except BaseException as exc:
@@ -186,12 +197,39 @@ class Searcher:
         return self.result(best)
 
     def result(self, best: int | None, *, status: str = "complete", error: str | None = None) -> SearchResult:
-        state = self.tree.node(best)["state"] if best is not None else None
-        answer = self.problem.answer(state) if best is not None else None
-        solved = bool(best is not None and self.problem.is_solved(state))
+        """The SearchResult of the tree: `best` is the strategy's choice, kept as given; the answer is
+        read from `answer_node(best)`, the node that states the best answer on the tree."""
+        node = self.answer_node(best)
+        state = self.tree.node(node)["state"] if node is not None else None
+        answer = self.problem.answer(state) if node is not None else None
+        solved = bool(node is not None and self.problem.is_solved(state))
         return SearchResult(tree=self.tree, best=best, answer=answer, solved=solved,
                             stats=self.engine.stats.as_dict(), config=self.config.to_dict(), status=status,
-                            error=error, problem=self.problem)
+                            error=error, problem=self.problem, answer_node=node)
+
+    def answer_node(self, best: int | None) -> int | None:
+        """The node whose answer the search reports: the strategy's `best` if it states one (the
+        problem's `answer(state)` is not None), else the best node that does -- solved first, then
+        by value, then lower id; pruned nodes count (a strategy may prune an answer it values low).
+        None when no node states an answer.
+
+        Why: strategies pick `best` by their own criteria (value, path score, visits), and that may
+        be a node that states no answer, e.g. a BFS state left at the frontier by the depth limit,
+        valued above the finished answers beside it, or DFS's best visited state when the answer
+        below it was pruned. The strategy's choice is kept whenever it answers (MCTS's
+        `answer="visits"` still reports its most-visited terminal)."""
+        tree, p = self.tree, self.problem
+        if best is not None and p.answer(tree.node(best)["state"]) is not None:
+            return best
+        stating = [n for n in sorted(tree.graph) if p.answer(tree.node(n)["state"]) is not None]
+        if not stating:
+            return None
+
+        def rank(n: int) -> tuple:
+            d = tree.node(n)
+            return (bool(p.is_solved(d["state"])), float("-inf") if d["score"] is None else d["score"], -n)
+
+        return max(stating, key=rank)
 
     def _attach_partial(self, exc: BaseException) -> None:
         """Put the partial search on the exception (and on self) so nothing found is lost."""
@@ -379,9 +417,9 @@ class Searcher:
         return omega(d["score"], d["depth"])
 
     def _tick(self, n: int) -> None:
+        """Count n new nodes on the progress bar (which shows the tree's size, root included)."""
         if self._bar is not None:
             self._bar.update(n)
-            self._bar.set_postfix(nodes=len(self.tree), refresh=False)
 
 
 def _describe(obj: Any) -> Any:
@@ -403,9 +441,47 @@ def _fresh_copy(tree: ThoughtTree) -> ThoughtTree:
     return out
 
 
-def _progress(enabled: bool):
+def _progress(enabled: bool, nodes: int):
+    """A progress bar counting the tree's nodes, starting at its current size (root, resumed nodes)."""
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(desc="search", unit="node", leave=False)
+    return tqdm(desc="search", unit=" nodes", initial=nodes, leave=False)
+
+
+def _check_problem_instance(problem: Any) -> None:
+    """A Problem class passed where an instance belongs fails later with AttributeError; say so now."""
+    if isinstance(problem, type):
+        name = problem.__name__
+        raise TypeError(f"Searcher needs a Problem instance, got the class {name}; pass {name}() instead")
+
+
+def _check_strategy(strategy: Any) -> None:
+    """A strategy must be an object with run(searcher): a name or a class is refused, naming the fix."""
+    if isinstance(strategy, str):
+        import strategies
+
+        cls = next((n for n in strategies.__all__ if n.lower() == strategy.lower()
+                    and isinstance(getattr(strategies, n), type)), None)
+        fix = f"strategies.{cls}(...)" if cls else "a strategy object such as strategies.BFS(breadth=5)"
+        raise TypeError(f"Searcher needs a strategy object, got the string {strategy!r}; pass {fix} "
+                        "(strategy names are for the command line's --strategy)")
+    if isinstance(strategy, type):
+        raise TypeError(f"Searcher needs a strategy object, got the class {strategy.__name__}; pass "
+                        f"{strategy.__name__}() (with its settings) instead")
+    if not callable(getattr(strategy, "run", None)):
+        raise TypeError(f"Searcher needs a strategy with a run(searcher) method, got {type(strategy).__name__}; "
+                        "see strategies.base.Strategy")
+
+
+def _warn_greedy_duplicates(problem: Problem, sampling: Sampling) -> None:
+    """Greedy decoding gives the same text for every sample of a node, so samples_per_expand > 1
+    merges them into one child; warn (once per problem class and setting) naming the fix."""
+    k = problem.samples_per_expand
+    if sampling.temperature == 0 and k > 1:
+        cls = type(problem).__name__
+        warnings.warn(f"{cls}.samples_per_expand={k} with greedy sampling (temperature=0): the {k} generations of a "
+                      f"node are identical and merge into one child; sample with a temperature > 0 (e.g. "
+                      f"Sampling(temperature=0.7) or --temperature 0.7) or set samples_per_expand=1",
+                      UserWarning, stacklevel=3)

@@ -135,19 +135,24 @@ class ThoughtTree:
             tree.graph.add_edge(parents[n], n, **edge_attrs[n])
         return tree
 
-    def save(self, path: str | Path, state_to_json=None) -> None:
-        """Write node-link JSON atomically (a crash never leaves a half-written file)."""
+    def save(self, path: str | Path, state_to_json=None) -> Path:
+        """Write node-link JSON atomically (a crash never leaves a half-written file); returns the
+        path, like the other writers (`SearchResult.save`, `to_html`, `to_graphml`)."""
         from .atomicfile import write_text_atomic
 
-        write_text_atomic(path, json.dumps(self.to_json(state_to_json), indent=1, default=repr))
+        return write_text_atomic(path, json.dumps(self.to_json(state_to_json), indent=1, default=repr))
 
     @classmethod
     def load(cls, path: str | Path, state_from_json=None) -> "ThoughtTree":
-        """Read a tree written by `save`; a truncated or corrupted file raises SaveFileError."""
+        """Read a tree written by `save`; a truncated or corrupted file raises SaveFileError, and a
+        file written by `SearchResult.save` one that points to `SearchResult.load`."""
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise SaveFileError(f"{path} is not valid JSON (truncated or corrupted?): {exc}") from exc
+        if isinstance(data, dict) and isinstance(data.get("result"), dict) and "nodes" not in data:
+            raise SaveFileError(f"{path} is a saved search result, not a bare tree: use SearchResult.load(path, "
+                                "problem) and take its .tree")
         return cls.from_json(data, state_from_json)
 
     # -- display ---------------------------------------------------------------------------------

@@ -167,6 +167,16 @@ class Game24(Problem):
         self.value_mode = value_mode
         self.sampling = Sampling(max_new_tokens=max_new_tokens, stop=("\nNumbers:", "\n\n", "Input:"))
 
+    def check_input(self, x) -> None:
+        """Four whole numbers, as text ("4 5 6 10") or a sequence; ParseError otherwise."""
+        if isinstance(x, str):
+            parse_puzzle(x)
+            return
+        try:
+            parse_puzzle(" ".join(str(v) for v in x))
+        except TypeError:
+            raise ParseError(f"a Game of 24 puzzle is four whole numbers such as \"4 5 6 10\", got {x!r:.60}") from None
+
     def initial_state(self, x) -> Game24State:
         puzzle = parse_puzzle(x) if isinstance(x, str) else tuple(int(v) for v in x)
         return Game24State(puzzle=puzzle, numbers=tuple(sorted(Fraction(v) for v in puzzle)))

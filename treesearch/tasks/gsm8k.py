@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import Sampling
+from ..errors import ParseError
 from ..problem import Child, Problem
 
 PROMPT = """Solve the math word problem step by step. Write one step per line and finish with "The answer is N."
@@ -79,6 +80,13 @@ class GSM8K(Problem):
         self.max_depth = max_steps
         self.sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=0.95,
                                  stop=("\n",))
+
+    def check_input(self, x: Any) -> None:
+        """A question: non-empty text, or a dataset row {"question": ..., "answer": ...}; ParseError otherwise."""
+        question = x.get("question") if isinstance(x, dict) else x
+        if not isinstance(question, str) or not question.strip():
+            raise ParseError(f"a GSM8K input is a word problem such as \"Tom has 3 boxes of 4 apples and eats 2. "
+                             f"How many are left?\", got {x!r:.60}")
 
     def initial_state(self, x: Any) -> GSM8KState:
         if isinstance(x, dict):
