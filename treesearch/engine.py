@@ -651,6 +651,8 @@ class Engine:
         return end
 
     def _finished(self, gen: list[int], sampling: Sampling) -> str | None:
+        if sampling.ignore_eos:  # fixed lengths: only max_new_tokens ends a row
+            return None
         if gen[-1] in self.eos_ids:
             return "eos"
         if sampling.stop:
