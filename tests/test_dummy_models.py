@@ -56,6 +56,14 @@ def test_load_model_builds_the_named_shape_in_the_requested_dtype():
     assert lm.model.config._attn_implementation == "treesearch"
 
 
+def test_a_layers_suffix_keeps_the_first_layers_of_the_named_shape():
+    lm = load_model("dummy:smollm2-135m@2layers")
+    assert lm.name == "dummy:smollm2-135m@2layers" and lm.num_layers == 2 == len(lm.model.model.layers)
+    assert lm.model.config.hidden_size == 576
+    with pytest.raises(ConfigError, match="asks for 2 layers and num_layers=3"):
+        dummy_model("dummy:smollm2-135m@2layers", num_layers=3)
+
+
 def test_weights_are_seeded_norms_are_one_and_embeddings_stay_tied():
     a = dummy_model("smollm2-135m", num_layers=2, seed=0)
     b = dummy_model("smollm2-135m", num_layers=2, seed=0)

@@ -3,7 +3,9 @@
 `load_model("dummy:llama-3.1-8b")` builds a transformers causal LM from a config shipped in
 `treesearch/models/configs/` (shape hyperparameters only, a few KB each; `_source` in each file says
 where it comes from) with random weights in the requested dtype, and the default model's tokenizer
-shipped in `treesearch/models/smollm2-tokenizer/` (no GGUF file, no download). What it is for and not:
+shipped in `treesearch/models/smollm2-tokenizer/` (no GGUF file, no download). A suffix
+`@Nlayers` ("dummy:llama-3.2-1b@2layers") keeps the first N decoder layers, same width, for quick
+checks on a CPU. What it is for and not:
 
 - It has the real model's FLOPs, bytes of weights and bytes of K/V per token, so wall time, memory
   and the ratios between KV modes are those of the real shape.
@@ -22,6 +24,7 @@ config's vocabulary size, so the model's rows past the tokenizer are never fed, 
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,7 @@ from .errors import ConfigError
 
 PREFIX = "dummy:"
 TOKENIZER_DIR = "smollm2-tokenizer"
+_LAYERS = re.compile(r"^(?P<key>.+)@(?P<n>\d+)layers$")
 
 
 def models_dir() -> Path:
@@ -46,10 +50,20 @@ def is_dummy(name: str | None) -> bool:
     return bool(name) and name.lower().startswith(PREFIX)
 
 
+def parse_name(name: str) -> tuple[str, int | None]:
+    """"dummy:llama-3.2-1b@2layers" -> ("llama-3.2-1b", 2); the prefix and the layer suffix are
+    optional ("@Nlayers" keeps the first N decoder layers: the same width, for fast CPU checks)."""
+    key = name[len(PREFIX):] if is_dummy(name) else name
+    m = _LAYERS.match(key)
+    if m is None:
+        return key.lower(), None
+    return m.group("key").lower(), int(m.group("n"))
+
+
 def config_dict(name: str) -> dict:
     """The shipped config of `name` ("llama-3.2-1b" or "dummy:llama-3.2-1b"), `_source` included."""
-    key = name[len(PREFIX):] if is_dummy(name) else name
-    path = models_dir() / "configs" / f"{key.lower()}.json"
+    key, _ = parse_name(name)
+    path = models_dir() / "configs" / f"{key}.json"
     if not path.is_file():
         raise ConfigError(f"unknown dummy model {name!r}; known: "
                           + ", ".join(PREFIX + n for n in known_names()))
@@ -91,12 +105,18 @@ def build_config(name: str, tokenizer: Any, *, num_layers: int | None = None):
 
 def dummy_model(name: str, *, device: str = "cpu", dtype: Any = None, seed: int = 0,
                 num_layers: int | None = None):
-    """A `LanguageModel` of the shipped shape `name` with seeded random weights (see module doc)."""
+    """A `LanguageModel` of the shipped shape `name` with seeded random weights (see module doc).
+
+    num_layers (or the suffix "@Nlayers" in name): keep only the first N decoder layers."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from .runtime import _resolve_dtype, _wrap
 
+    key, suffix = parse_name(name)
+    if suffix is not None and num_layers is not None and suffix != num_layers:
+        raise ConfigError(f"{name!r} asks for {suffix} layers and num_layers={num_layers}; give one of them")
+    num_layers = num_layers if num_layers is not None else suffix
     dtype = _resolve_dtype(dtype)
     tokenizer = shipped_tokenizer()
     config = build_config(name, tokenizer, num_layers=num_layers)
@@ -106,8 +126,7 @@ def dummy_model(name: str, *, device: str = "cpu", dtype: Any = None, seed: int 
     _fill(model, config.initializer_range, seed)
     _rebuild_rotary(model, device)
     model.eval()
-    key = name[len(PREFIX):] if is_dummy(name) else name
-    label = PREFIX + key.lower() + ("" if num_layers is None else f"@{num_layers}layers")
+    label = PREFIX + key + ("" if num_layers is None else f"@{num_layers}layers")
     return _wrap(model, tokenizer, label)
 
 
