@@ -61,6 +61,9 @@ class Sampling:
 
     Generation stops at EOS, after max_new_tokens, or when the decoded text contains a stop string
     (the returned text ends before the stop string; the kept KV covers the tokens that were fed back).
+    ignore_eos: neither EOS nor a stop string ends a row, so every row generates exactly
+    max_new_tokens (fixed lengths for timing, e.g. with dummy weights; the returned text is still
+    cut at the first stop string, so pass no stop strings when the text matters).
     """
 
     max_new_tokens: int = 128
@@ -68,6 +71,7 @@ class Sampling:
     top_p: float = 1.0
     stop: tuple[str, ...] = field(default_factory=tuple)
     seed: int = 0
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

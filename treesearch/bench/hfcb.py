@@ -3,8 +3,9 @@ transformers' continuous batching (`model.generate_batch`, block sharing on), bo
 
 The requests are the prompts a workload's generate calls issued, batch by batch, item by item.
 Both sides replay them with the same token ids, greedy, no stop strings and the same
-`max_new_tokens` (EOS still ends a request), so both do the same work and their outputs should
-be identical token for token; `token_agreement` checks that.
+`max_new_tokens` (EOS still ends a request, unless `ignore_eos`: then every request runs its full
+length, as with dummy weights), so both do the same work and their outputs should be identical
+token for token; `token_agreement` checks that.
 Each side keeps its cache for the whole item: our engine shares across the item's calls, while
 `generate_batch` starts a fresh manager per call (block sharing works within a call), as it would
 for a user calling it once per search step.
@@ -66,10 +67,11 @@ def _strip(ids: list[int], eos: set[int]) -> list[int]:
     return ids
 
 
-def replay_engine(lm: LanguageModel, requests: list[list[list[str]]], max_new_tokens: int) -> ReplayResult:
+def replay_engine(lm: LanguageModel, requests: list[list[list[str]]], max_new_tokens: int, *,
+                  ignore_eos: bool = False) -> ReplayResult:
     """Our engine, exact sharing, greedy, no stop strings; a fresh engine per item."""
     out = ReplayResult()
-    sampling = Sampling(max_new_tokens=max_new_tokens, temperature=0.0)
+    sampling = Sampling(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=ignore_eos)
     for batches in requests:
         engine = Engine(lm, RKSCConfig(kv_sharing="exact"))
         out.inputs.append([])
@@ -78,7 +80,7 @@ def replay_engine(lm: LanguageModel, requests: list[list[list[str]]], max_new_to
             ids = [engine.tokenize(p) for p in prompts]  # the ids generate() will use; hf-cb gets them too
             out.inputs[-1].append(ids)
             gens = engine.generate(prompts, sampling)
-            out.outputs += [_strip(g.token_ids, engine.eos_ids) for g in gens]
+            out.outputs += [_strip(g.token_ids, set() if ignore_eos else engine.eos_ids) for g in gens]
             out.prompt_tokens += sum(len(i) for i in ids)
             out.generated_tokens += sum(len(g.token_ids) for g in gens)
             out.requests += len(prompts)
@@ -89,13 +91,15 @@ def replay_engine(lm: LanguageModel, requests: list[list[list[str]]], max_new_to
     return out
 
 
-def replay_hf(lm: LanguageModel, inputs: list[list[list[int]]], max_new_tokens: int) -> ReplayResult:
-    """transformers `generate_batch` with block sharing, greedy, one call per batch of prompt ids."""
+def replay_hf(lm: LanguageModel, inputs: list[list[list[int]]], max_new_tokens: int, *,
+              ignore_eos: bool = False) -> ReplayResult:
+    """transformers `generate_batch` with block sharing, greedy, one call per batch of prompt ids
+    (ignore_eos: eos_token_id=-1, which generate_batch reads as "no EOS")."""
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     model = hf_model(lm)
-    eos = sorted(eos_token_ids(lm.model, lm.tokenizer))
-    gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+    eos = [] if ignore_eos else sorted(eos_token_ids(lm.model, lm.tokenizer))
+    gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos or -1,
                                pad_token_id=lm.tokenizer.pad_token_id)
     out = ReplayResult()
     quiet = logging.getLogger("ContinuousBatchingLogger")

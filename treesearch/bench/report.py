@@ -139,11 +139,14 @@ def _f(v: Any, fmt: str = "{:.2f}") -> str:
 def markdown(doc: dict) -> str:
     """The tables printed on stdout."""
     lines = [f"### treesearch bench {doc.get('workload')} ({doc.get('task')}, rows {doc.get('range')}, "
-             f"{doc.get('items')} items, model {doc.get('model')}, repeat {doc.get('repeat')})", "",
-             "| mode | wall s (median ± spread) | x vs nokv | x vs exact | prefill | decode | reused | unique | "
-             "model calls | verify calls / skipped | verify layers run / full | peak KV MiB | accuracy | agreement | "
-             "verify s | verify x vs exact |",
-             "|" + "---|" * 16]
+             f"{doc.get('items')} items, model {doc.get('model')}, repeat {doc.get('repeat')})", ""]
+    if doc.get("fixed_length"):
+        lines += [f"Dummy weights on {doc.get('device')} ({doc.get('dtype')}): every generation runs its full "
+                  "length (EOS and stop strings ignored); timings only, accuracy means nothing.", ""]
+    lines += ["| mode | wall s (median ± spread) | x vs nokv | x vs exact | prefill | decode | reused | unique | "
+              "model calls | verify calls / skipped | verify layers run / full | peak KV MiB | accuracy | agreement | "
+              "verify s | verify x vs exact |",
+              "|" + "---|" * 16]
     for name, e in doc["modes"].items():
         if e["status"] in ("failed", "skipped") :
             lines.append(f"| {name} | {e['status']}: {e['reason']} |" + " |" * 14 + "")

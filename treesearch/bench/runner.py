@@ -122,10 +122,13 @@ def _replay(lm: LanguageModel, workload: Workload, out: BenchRuns, tick: Tick, r
         source = workload.run(lm, make_mode("exact").config, tick)
         mr.mode.notes.append("requests recorded by an untimed exact run")
     out.replay_tokens = replay_tokens or source.max_new_tokens
+    fixed = bool(workload.options.get("ignore_eos"))
+    if fixed and "fixed lengths: both sides ignore EOS" not in mr.mode.notes:
+        mr.mode.notes.append("fixed lengths: both sides ignore EOS")
     try:
-        engine_side = hfcb.replay_engine(lm, source.requests, out.replay_tokens)
+        engine_side = hfcb.replay_engine(lm, source.requests, out.replay_tokens, ignore_eos=fixed)
         tick(1)
-        hf_side = hfcb.replay_hf(lm, engine_side.inputs, out.replay_tokens)
+        hf_side = hfcb.replay_hf(lm, engine_side.inputs, out.replay_tokens, ignore_eos=fixed)
         tick(1)
     except Exception as err:  # noqa: BLE001
         log.exception("hf-cb replay failed")

@@ -19,7 +19,7 @@ from ..tasks.gsm8k import extract_number
 from ..seeds import stable_seed
 from .branch import TEMPERATURE, TOP_P
 from .prompts import TREE_LEVELS, TREE_STOP, tree_prompt
-from .results import RunResult, Tick
+from .results import FIXED_LENGTH_NOTE, RunResult, Tick
 
 WIDTH = 3
 MAX_NEW_TOKENS = (48, 96, 64)  # plan, execute, reflect
@@ -34,9 +34,13 @@ def majority(answers: list[str | None]) -> str | None:
 
 
 def run_tree(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *, seed: int = 0,
-             max_new_tokens: int | None = None) -> RunResult:
+             max_new_tokens: int | None = None, ignore_eos: bool = False) -> RunResult:
+    """ignore_eos: every generation runs exactly its level's length (no EOS, no stop strings; for
+    dummy weights, whose text is gibberish)."""
     lengths = MAX_NEW_TOKENS if max_new_tokens is None else (max_new_tokens,) * len(MAX_NEW_TOKENS)
     out = RunResult(max_new_tokens=max(lengths))
+    if ignore_eos:
+        out.note(FIXED_LENGTH_NOTE)
     if config.cgee:
         out.note("tree has no verification step: CGEE has nothing to skip here")
     engine = Engine(lm, config)  # kept across items: each starts with the last one's prompt K/V
@@ -50,7 +54,8 @@ def run_tree(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *, 
         for level, max_new in enumerate(lengths):
             prompts = [c for c in contexts for _ in range(WIDTH)]
             carried = [t for t in parents_text for _ in range(WIDTH)]
-            sampling = Sampling(max_new_tokens=max_new, temperature=TEMPERATURE, top_p=TOP_P, stop=TREE_STOP)
+            sampling = Sampling(max_new_tokens=max_new, temperature=TEMPERATURE, top_p=TOP_P,
+                                stop=() if ignore_eos else TREE_STOP, ignore_eos=ignore_eos)
             gens = engine.generate(prompts, sampling,
                                    seeds=[stable_seed(seed, "tree", idx, level, k) for k in range(len(prompts))])
             batches.append(prompts)

@@ -80,13 +80,18 @@ def run_game24(lm: LanguageModel, config: RKSCConfig, puzzles: list[str], tick: 
 
 
 def make_workload(name: str, task: str | None, start: int, end: int, *, branches: int = 8,
-                  seed: int = 0, max_new_tokens: int | None = None) -> Workload:
+                  seed: int = 0, max_new_tokens: int | None = None, ignore_eos: bool = False) -> Workload:
     """The workload named on the command line, over input rows [start, end); max_new_tokens
-    overrides the workload's generation lengths (None = the workload's own)."""
+    overrides the workload's generation lengths (None = the workload's own); ignore_eos makes every
+    generation run its full length (branch and tree only: game24's search needs parsable text)."""
     from ..tasks import datasets
 
     if name == "game24":
         from ..tasks.game24 import load_puzzles
+
+        if ignore_eos:
+            raise SystemExit("game24 cannot run at fixed lengths (its search parses the model's text); "
+                             "with a dummy model use the branch or tree workload")
 
         return Workload("game24", "game24", load_puzzles(start, end), run_game24,
                         {"seed": seed, "max_new_tokens": max_new_tokens})
@@ -97,10 +102,11 @@ def make_workload(name: str, task: str | None, start: int, end: int, *, branches
         if task not in loaders:
             raise SystemExit(f"unknown task {task!r} for branch; choose from {', '.join(loaders)}")
         return Workload("branch", task, loaders[task](start, end), run_branch,
-                        {"task": task, "branches": branches, "seed": seed, "max_new_tokens": max_new_tokens})
+                        {"task": task, "branches": branches, "seed": seed, "max_new_tokens": max_new_tokens,
+                         "ignore_eos": ignore_eos})
     if name == "tree":
         if task not in (None, "gsm8k"):
             raise SystemExit(f"the tree workload runs on gsm8k only, not {task!r}")
         return Workload("tree", "gsm8k", datasets.load_gsm8k(start, end), run_tree,
-                        {"seed": seed, "max_new_tokens": max_new_tokens})
+                        {"seed": seed, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos})
     raise SystemExit(f"unknown workload {name!r}; choose from game24, branch, tree")
