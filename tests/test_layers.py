@@ -20,22 +20,25 @@ LAYERS: dict[str, int] = {
     "errors": 0, "seeds": 0, "atomicfile": 0, "limits": 0, "stats": 0, "viz": 0, "eos": 0, "rsbcm": 0,
     # 1: data structures with no model
     "config": 1, "tokens": 1, "kvstore": 1, "attention": 1, "persist": 1, "backend": 1,
-    # 2: the model runtime and the pure policy rules
-    "runtime": 2, "cgee": 2,
+    # 2: the loaded model's wrapper and the pure policy rules
+    "model": 2, "cgee": 2,
     # 3: below the engine: the forward pass and the cache manager
     "forward": 3, "kvcache": 3,
     # 4: policies that run model work through the cache manager
     "asks": 4,
+    # 3-4: model loading (dummy-weight models; runtime dispatches to them)
+    "dummy": 3, "runtime": 4,
     # 5: the local engine
     "engine": 5,
     # 6: the thought tree and the problem contract
     "tree": 6, "problem": 6,
     # 7: the built-in problems and the verifier (CGEE over a backend)
-    "tasks": 7, "verify": 7, "ops": 7,
+    "tasks": 7, "verify": 7, "ops": 7, "result": 7,
     # 8: the search
     "searcher": 8,
     # 9 and up: strategies and the tools on top
-    "strategies": 9, "bench": 10, "calibration_sets": 10, "calibrate": 11, "cli": 12,
+    "strategies": 9, "bench": 10, "calibration_sets": 10, "calibrate": 11, "preflight": 11, "cli": 12,
+    "__main__": 13,
 }
 # The one upward arrow: the Searcher's default strategy (BFS), imported where it is used.
 ALLOWED_UP = {("searcher", "strategies")}

@@ -22,7 +22,7 @@ _EXPORTS = {
     "Child": "treesearch.problem",
     "ThoughtTree": "treesearch.tree",
     "Searcher": "treesearch.searcher",
-    "SearchResult": "treesearch.searcher",
+    "SearchResult": "treesearch.result",
     "Engine": "treesearch.engine",
     "Generation": "treesearch.backend",
     "Score": "treesearch.backend",

@@ -111,13 +111,13 @@ def dummy_model(name: str, *, device: str = "cpu", dtype: Any = None, seed: int 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .runtime import _resolve_dtype, _wrap
+    from .model import resolve_dtype, wrap_model
 
     key, suffix = parse_name(name)
     if suffix is not None and num_layers is not None and suffix != num_layers:
         raise ConfigError(f"{name!r} asks for {suffix} layers and num_layers={num_layers}; give one of them")
     num_layers = num_layers if num_layers is not None else suffix
-    dtype = _resolve_dtype(dtype)
+    dtype = resolve_dtype(dtype)
     tokenizer = shipped_tokenizer()
     config = build_config(name, tokenizer, num_layers=num_layers)
     with torch.device("meta"):
@@ -127,7 +127,7 @@ def dummy_model(name: str, *, device: str = "cpu", dtype: Any = None, seed: int 
     _rebuild_rotary(model, device)
     model.eval()
     label = PREFIX + key + ("" if num_layers is None else f"@{num_layers}layers")
-    return _wrap(model, tokenizer, label)
+    return wrap_model(model, tokenizer, label)
 
 
 def _fill(model: Any, std: float, seed: int) -> None:

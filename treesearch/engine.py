@@ -31,7 +31,7 @@ from .forward import Forward, cut_at_stop
 from .kvcache import CacheManager, Handle, Row
 from .kvstore import Chain, KVStore
 from .rsbcm import Priority
-from .runtime import LanguageModel
+from .model import LanguageModel
 from .seeds import stable_seed
 from .stats import Stats
 from .tokens import TokenMemory, TokenTrie, label_token_ids
@@ -52,7 +52,6 @@ class Engine:
         self.asks = asks.Gate(self.config.asks_alpha, self.config.asks_tau)
         self.tokens = TokenMemory(lm.tokenizer)
         self.unique = TokenTrie()
-        self.eos_ids = self.forward.eos_ids
         self.name = lm.name
         self.num_layers = lm.num_layers
         self.features = frozenset(FEATURES)
@@ -61,6 +60,15 @@ class Engine:
     @property
     def store(self) -> KVStore:
         return self.cache.store
+
+    @property
+    def eos_ids(self) -> set[int]:
+        """Token ids that end a generation (the forward pass reads them)."""
+        return self.forward.eos_ids
+
+    @eos_ids.setter
+    def eos_ids(self, ids: set[int]) -> None:
+        self.forward.eos_ids = set(ids)
 
     @property
     def asks_log(self) -> list[dict]:

@@ -16,7 +16,7 @@ import torch
 from .attention import BatchKV, Prefix
 from .config import Sampling
 from .eos import eos_token_ids
-from .runtime import LanguageModel
+from .model import LanguageModel
 from .stats import Stats
 
 

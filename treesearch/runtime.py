@@ -15,11 +15,11 @@ import logging
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import ModelNotFoundError, ModelNotInstalledError
+from .model import LanguageModel, resolve_dtype, wrap_model
 
 log = logging.getLogger(__name__)
 
@@ -34,32 +34,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 # Called with the model name at the start of every `load_model` call, before anything is imported
 # or read. The CLI's tests use it to prove that a bad argument is reported before a model loads.
 LOAD_HOOKS: list[Callable[[str | None], None]] = []
-
-
-@dataclass
-class LanguageModel:
-    """A causal LM, its tokenizer and the facts about its shape that the engine relies on."""
-
-    model: Any
-    tokenizer: Any
-    name: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    max_context: int
-
-    @property
-    def device(self):
-        return next(self.model.parameters()).device
-
-    @property
-    def dtype(self):
-        return next(self.model.parameters()).dtype
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V for one token over all layers."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
 
 
 def cache_dir() -> Path:
@@ -94,7 +68,7 @@ def load_model(name: str | None = None, device: str | None = None, dtype: Any = 
     for hook in list(LOAD_HOOKS):
         hook(name)
     check_model(name)
-    dtype = _resolve_dtype(dtype)
+    dtype = resolve_dtype(dtype)
     device = device or "cpu"
     if name == "tiny":
         return tiny_model(device=device, dtype=dtype)
@@ -121,6 +95,11 @@ def check_model(name: str | Path | None) -> None:
         default_gguf_path()
         return
     if name == "tiny":
+        return
+    from . import dummy
+
+    if dummy.is_dummy(str(name)):
+        dummy.config_dict(str(name))  # an unknown name lists the known ones
         return
     path = Path(name).expanduser()
     if path.is_dir():
@@ -157,7 +136,7 @@ def tiny_model(
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    dtype = _resolve_dtype(dtype)
+    dtype = resolve_dtype(dtype)
     tokenizer = _default_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -181,21 +160,7 @@ def tiny_model(
             if p.dim() == 2:
                 p.normal_(0.0, 0.2)
     model = model.to(device=device, dtype=dtype).eval()
-    return _wrap(model, tokenizer, TINY_NAME)
-
-
-def _resolve_dtype(dtype: Any):
-    import torch
-
-    if dtype is None:
-        return torch.float32
-    if isinstance(dtype, str):
-        try:
-            return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                    "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
-        except KeyError:
-            raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16") from None
-    return dtype
+    return wrap_model(model, tokenizer, TINY_NAME)
 
 
 def _from_folder(folder: str | Path, name: str, device: str, dtype: Any) -> LanguageModel:
@@ -204,26 +169,7 @@ def _from_folder(folder: str | Path, name: str, device: str, dtype: Any) -> Lang
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
     model = model.to(device).eval()
-    return _wrap(model, tokenizer, name)
-
-
-def _wrap(model: Any, tokenizer: Any, name: str) -> LanguageModel:
-    from .attention import install
-
-    cfg = model.config
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    install(model)
-    heads = cfg.num_attention_heads
-    return LanguageModel(
-        model=model,
-        tokenizer=tokenizer,
-        name=name,
-        num_layers=cfg.num_hidden_layers,
-        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-        max_context=getattr(cfg, "max_position_embeddings", 2048),
-    )
+    return wrap_model(model, tokenizer, name)
 
 
 _TOKENIZER_CACHE: dict[str, Any] = {}
