@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .backend_cli import add_backend_args, backend_from_args
+
 
 def _add_search_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF model folder or id (default: embedded SmolLM2-135M-Instruct; 'tiny' for a random test model)")
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     solve.add_argument("--resume", default=None, metavar="PATH",
                        help="continue the search saved at PATH (written when a search stops on an error or Ctrl-C)")
     _add_search_flags(solve)
+    add_backend_args(solve)
     for name, helptext in (("bench", "benchmark KV modes side by side"), ("calibrate", "calibrate CGEE thresholds")):
         sp = sub.add_parser(name, help=helptext, add_help=False)
         sp.add_argument("rest", nargs=argparse.REMAINDER)
@@ -81,9 +84,13 @@ def cmd_solve(args: argparse.Namespace) -> int:
     base = problem.sampling
     sampling = Sampling(max_new_tokens=base.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                         stop=base.stop, seed=args.seed)
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
-    searcher = Searcher(model, problem, make_strategy(args), make_config(args), sampling=sampling, seed=args.seed,
-                        progress=not args.no_progress)
+    try:  # a server backend that cannot be reached, or a config it cannot run: one line, no traceback
+        model = backend_from_args(args) or load_model(args.model, device=args.device, dtype=args.dtype)
+        searcher = Searcher(model, problem, make_strategy(args), make_config(args), sampling=sampling,
+                            seed=args.seed, progress=not args.no_progress)
+    except TreeSearchError as exc:
+        print(f"treesearch: error: {exc}", file=sys.stderr)
+        return 2
     try:
         result = searcher.resume(args.resume) if args.resume else searcher.solve(args.input)
     except (TreeSearchError, KeyboardInterrupt) as exc:

@@ -37,3 +37,17 @@ class SaveFileError(TreeSearchError):
 
 class ResumeError(TreeSearchError):
     """A saved search cannot be continued by this Searcher (other problem, seed or strategy)."""
+
+
+class ServerError(TreeSearchError):
+    """An OpenAI-compatible server could not be reached or refused a request (after retries where
+    retrying can help); the message names the URL, what failed and what to check."""
+
+    def __init__(self, message: str, *, url: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url  # the request's URL
+        self.status = status  # the HTTP status the server answered with (None: no answer)
+
+
+class ServerContextError(ServerError, ContextTooLongError):
+    """The server refused a prompt that does not fit in its model's context window."""

@@ -15,6 +15,7 @@ import time
 from ..config import RKSCConfig, Sampling
 from ..engine import Engine
 from ..runtime import LanguageModel
+from .backends import engine_for
 from ..seeds import stable_seed
 from ..tasks.choice import extract_choice
 from ..tasks.gsm8k import extract_number
@@ -74,7 +75,7 @@ def verify(engine: Engine, config: RKSCConfig, prompts: list[str], confidences: 
     if stats.verify_layers_run == before[1]:
         stats.verify_layers_run += sum(s.layers_run for s in scores)
     if stats.verify_layers_full == before[2]:
-        stats.verify_layers_full += engine.lm.num_layers * len(scores)
+        stats.verify_layers_full += engine.num_layers * len(scores)
     return [s.probs[" yes"] for s in scores]
 
 
@@ -84,7 +85,7 @@ def run_branch(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *
     out = RunResult(max_new_tokens=max_new)
     sampling = Sampling(max_new_tokens=max_new, temperature=TEMPERATURE, top_p=TOP_P,
                         stop=BRANCH_STOP)
-    engine = Engine(lm, config)  # kept across items: each starts with the last one's prompt K/V
+    engine = engine_for(lm, config)  # kept across items: each starts with the last one's prompt K/V
     for idx, item in enumerate(items):
         if idx:
             engine.new_search()

@@ -4,6 +4,7 @@
     treesearch bench branch --task arc_challenge --range 0:5 --json arc.json --plot arc.png
     treesearch bench tree --range 0:2 --modes nokv,exact,rksc,hf-cb --repeat 3
     treesearch bench game24 --range 900:902 --modes exact,cgee --threads 1   # scoring time, CGEE off vs on
+    treesearch bench game24 --range 900:902 --modes exact,server --base-url http://127.0.0.1:8000/v1  # vs a server
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads for the run (default: torch's own; 1 is faster on a busy machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from ..backend_cli import add_server_args
+
+    add_server_args(p)  # the server mode's server
     return p
 
 
@@ -113,6 +117,15 @@ def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: 
     from . import report
     from .runner import run_all, total_ticks
 
+    server = None
+    if "server" in names:  # before the model loads: a missing URL or a dead server fails at once
+        from ..backend_cli import server_from_args
+        from ..errors import TreeSearchError
+
+        try:
+            server = server_from_args(args)
+        except TreeSearchError as err:
+            raise SystemExit(f"treesearch bench: {err}") from None
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     bar = None
     if not args.no_progress:
@@ -121,14 +134,14 @@ def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: 
         bar = tqdm(total=total_ticks(workload, names, args.repeat), desc=f"bench {args.workload}", unit="item")
     try:
         runs = run_all(lm, workload, names, repeat=args.repeat, tick=bar.update if bar else None,
-                       budget_fraction=args.rksc_budget, replay_tokens=args.replay_tokens)
+                       budget_fraction=args.rksc_budget, replay_tokens=args.replay_tokens, server=server)
     finally:
         if bar is not None:
             bar.close()
     meta = {"workload": workload.name, "task": workload.task, "range": [start, end], "items": len(workload.items),
             "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
             "repeat": args.repeat, "seed": args.seed, "command": "treesearch bench " + shlex.join(args.argv),
-            "machine": machine()}
+            "machine": machine(), "server": {"base_url": server.base_url, "model": server.model} if server else None}
     doc = report.build(runs, meta)
     print(report.markdown(doc))
     if args.json_path:
