@@ -11,9 +11,10 @@ What each call sends (one HTTP request per row, sent concurrently, at most `max_
 time, so the server can batch them):
 - generate: `prompt`, `max_tokens` = sampling.max_new_tokens, `temperature`, `top_p`, `stop`,
   `seed` (the row's own, so a sampled row is reproducible where the server honours seeds) and
-  `logprobs=1`. Under greedy decoding the copies of one prompt in a call are one request with
-  `n` = the copies (greedy copies are identical, so per-row seeds lose nothing); a server that
-  ignores `n` (llama-cpp-python) answers once and the answer is used for every copy.
+  `logprobs=1`. Under greedy decoding the copies of one prompt in a call are one request whose
+  answer serves every copy: greedy copies are identical, so this is what `n` = copies would
+  give, without the repeated decoding (and vLLM refuses n > 1 under greedy). Sampled copies stay
+  one request each, so that each keeps its own seed (one request with `n` would share one seed).
   Each Generation gets the server's per-token log-probabilities (`logprobs`, untempered on vLLM
   and llama.cpp) and each token's character range in its text (`offsets`), so CGEE Level 1 works
   per child (`Searcher` reads them through `token_offsets`). `token_ids` is empty: the
@@ -43,6 +44,7 @@ Features: none of `treesearch.backend.FEATURES` (no ASKS, CGEE Level 2, cache bu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -90,7 +92,7 @@ class ServerEngine:
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, *,
                  timeout: float = 300.0, retries: int = 3, backoff: float = 0.5, max_concurrency: int = 8,
                  top_logprobs: int = 20, label_floor: float = 1e-6, max_context: int | None = None,
-                 extra_body: dict | None = None, use_n: bool = True) -> None:
+                 extra_body: dict | None = None) -> None:
         from .server_http import ServerClient
 
         if max_concurrency < 1:
@@ -107,7 +109,6 @@ class ServerEngine:
         self.label_floor = label_floor
         self.max_context = max_context
         self.extra_body = dict(extra_body or {})
-        self.use_n = use_n
         self.stats = Stats()
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -151,7 +152,7 @@ class ServerEngine:
         if seeds is None:
             seeds = [stable_seed(sampling.seed, self._calls, i) for i in range(len(prompts))]
         jobs: list[tuple[str, int, list[int]]] = []  # (prompt, seed, rows it answers)
-        if sampling.temperature == 0 and self.use_n:
+        if sampling.temperature == 0:  # greedy copies of a prompt are identical: one request
             first: dict[str, int] = {}
             for i, p in enumerate(prompts):
                 if p in first:
@@ -161,28 +162,27 @@ class ServerEngine:
                     jobs.append((p, seeds[i], [i]))
         else:
             jobs = [(p, s, [i]) for i, (p, s) in enumerate(zip(prompts, seeds))]
-        answers = self._map(lambda job: self._complete(job[0], job[1], len(job[2]), sampling), jobs)
+        answers = self._map(lambda job: self._complete(job[0], job[1], sampling), jobs)
         out: list[Generation | None] = [None] * len(prompts)
-        for (_, _, rows), gens in zip(jobs, answers):
+        for (_, _, rows), gen in zip(jobs, answers):
             for k, row in enumerate(rows):
-                out[row] = gens[min(k, len(gens) - 1)]  # a server ignoring n: greedy copies are equal
+                out[row] = gen if k == 0 else dataclasses.replace(gen, logprobs=list(gen.logprobs),
+                                                                  offsets=list(gen.offsets or []))
         return out  # type: ignore[return-value]
 
-    def _complete(self, prompt: str, seed: int, n: int, sampling: Sampling) -> list[Generation]:
+    def _complete(self, prompt: str, seed: int, sampling: Sampling) -> Generation:
         body = {"model": self.model, "prompt": prompt, "max_tokens": sampling.max_new_tokens,
                 "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": seed & 0x7FFFFFFF,
                 "logprobs": 1, **self._extra()}
         if sampling.stop:
             body["stop"] = list(sampling.stop)
-        if n > 1:
-            body["n"] = n
         data = self._post_completion(body)
-        choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
-        if not choices:
-            raise ServerError(f"POST {self.client.root}/v1/completions answered no choices for a prompt of "
+        choices = data.get("choices") or []
+        if not choices or not isinstance(choices[0], dict):
+            raise ServerError(f"POST {self.client.root}/v1/completions answered no choice for a prompt of "
                               f"{len(prompt)} characters; check the server's log", url=self.client.root)
-        prompt_tokens, cached = self._count(data, len(choices))
-        return [_generation(c, sampling, prompt_tokens, cached) for c in choices]
+        prompt_tokens, cached = self._count(data, 1)
+        return _generation(choices[0], sampling, prompt_tokens, cached)
 
     # -- score ---------------------------------------------------------------------------------------
     def score(self, prompts: Sequence[str], labels: Sequence[str], *, owners: Sequence[Hashable] | None = None,
