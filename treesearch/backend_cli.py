@@ -34,6 +34,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                    help="requests in flight at once (default 8)")
     g.add_argument("--server-max-context", type=int, default=None, metavar="TOKENS",
                    help="the model's context window: branches that do not fit are pruned (default: the server checks)")
+    g.add_argument("--server-logprobs", default="on", choices=["on", "off"],
+                   help="ask for generated tokens' log-probabilities (confidences, CGEE Level 1; default on; off is "
+                        "faster on llama-cpp-python)")
     g.add_argument("--server-extra", default=None, metavar="JSON",
                    help='fields added to every completion request, e.g. \'{"top_k": 0}\'')
     return g
@@ -68,7 +71,8 @@ def server_from_args(args: argparse.Namespace) -> Any:
     try:
         return ServerEngine(args.base_url, args.server_model, api_key_from_env(), timeout=args.server_timeout,
                             retries=args.server_retries, max_concurrency=args.server_concurrency,
-                            max_context=args.server_max_context, extra_body=extra)
+                            max_context=args.server_max_context, extra_body=extra,
+                            logprobs=args.server_logprobs == "on")
     except ImportError as err:
         raise SystemExit(f"treesearch: {err}") from None
 

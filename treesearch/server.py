@@ -84,7 +84,10 @@ class ServerEngine:
     OPENAI_API_KEY). timeout: seconds to wait for a connection or an answer; retries / backoff:
     see `treesearch.server_http`. max_concurrency: requests in flight at once. max_context: the
     model's context in tokens, if known: the Searcher then prunes branches that do not fit (it
-    tokenizes their prompts through the server); None leaves the check to the server."""
+    tokenizes their prompts through the server); None leaves the check to the server.
+    logprobs: ask for each generated token's log-probability (children's confidences, CGEE Level
+    1). False skips them: faster on llama-cpp-python, whose Python code sorts the whole vocabulary
+    for every generated token to give them; every confidence is then 0 (Level 1 never skips)."""
 
     num_layers = 1
     features: frozenset[str] = frozenset()
@@ -92,7 +95,7 @@ class ServerEngine:
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, *,
                  timeout: float = 300.0, retries: int = 3, backoff: float = 0.5, max_concurrency: int = 8,
                  top_logprobs: int = 20, label_floor: float = 1e-6, max_context: int | None = None,
-                 extra_body: dict | None = None) -> None:
+                 extra_body: dict | None = None, logprobs: bool = True) -> None:
         from .server_http import ServerClient
 
         if max_concurrency < 1:
@@ -109,6 +112,7 @@ class ServerEngine:
         self.label_floor = label_floor
         self.max_context = max_context
         self.extra_body = dict(extra_body or {})
+        self.logprobs = logprobs
         self.stats = Stats()
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -173,7 +177,9 @@ class ServerEngine:
     def _complete(self, prompt: str, seed: int, sampling: Sampling) -> Generation:
         body = {"model": self.model, "prompt": prompt, "max_tokens": sampling.max_new_tokens,
                 "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": seed & 0x7FFFFFFF,
-                "logprobs": 1, **self._extra()}
+                **self._extra()}
+        if self.logprobs:
+            body["logprobs"] = 1
         if sampling.stop:
             body["stop"] = list(sampling.stop)
         data = self._post_completion(body)
