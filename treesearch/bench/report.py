@@ -145,8 +145,8 @@ def markdown(doc: dict) -> str:
     """The tables printed on stdout."""
     lines = [f"### treesearch bench {doc.get('workload')} ({doc.get('task')}, rows {doc.get('range')}, "
              f"{doc.get('items')} items, model {doc.get('model')}, repeat {doc.get('repeat')})", "",
-             "| mode | wall s (median ± spread) | inputs/h | x vs nokv | x vs exact | prefill | decode | reused | unique | "
-             "model calls | verify calls / skipped | verify layers run / full | peak KV MiB | accuracy | "
+             "| mode | wall s (median ± spread) | inputs/h | x vs nokv | x vs exact | prefill | decode | reused | "
+             "unique | model calls | verify calls / skipped | verify layers run / full | peak KV MiB | accuracy | "
              f"agreement (vs {doc.get('agreement_reference') or 'nokv'}) | verify s | verify x vs exact |",
              "|" + "---|" * 17]
     for name, e in doc["modes"].items():
