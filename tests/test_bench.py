@@ -53,7 +53,8 @@ def test_report_ratios_medians_and_agreement_from_counters():
         assert all(k in entry for k in REQUIRED)
     text = report.markdown(doc)
     assert "| hf-cb | failed: RuntimeError: no memory |" in text
-    assert "| rksc | 2.00 ± 0.00 | 4.00x | 2.00x | 150 | 50 | 7 |" in text
+    assert m["rksc"]["inputs_per_hour"] == 2 * 3600 / 2.0 and doc["agreement_reference"] == "nokv"
+    assert "| rksc | 2.00 ± 0.00 | 3600 | 4.00x | 2.00x | 150 | 50 | 7 |" in text
     json.dumps(doc)
 
 

@@ -29,7 +29,7 @@ LAYERS: dict[str, int] = {
     # 3-4: model loading (dummy-weight models; runtime dispatches to them)
     "dummy": 3, "runtime": 4,
     # 5: the local engine
-    "engine": 5,
+    "engine": 5, "server": 5, "server_http": 4,
     # 6: the thought tree and the problem contract
     "tree": 6, "problem": 6,
     # 7: the built-in problems and the verifier (CGEE over a backend)
@@ -37,7 +37,7 @@ LAYERS: dict[str, int] = {
     # 8: the search
     "searcher": 8,
     # 9 and up: strategies and the tools on top
-    "strategies": 9, "bench": 10, "calibration_sets": 10, "calibrate": 11, "preflight": 11, "cli": 12,
+    "strategies": 9, "bench": 10, "calibration_sets": 10, "calibrate": 11, "preflight": 11, "backend_cli": 11, "cli": 12,
     "__main__": 13,
 }
 # The one upward arrow: the Searcher's default strategy (BFS), imported where it is used.

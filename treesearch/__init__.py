@@ -27,6 +27,7 @@ _EXPORTS = {
     "Generation": "treesearch.backend",
     "Score": "treesearch.backend",
     "Backend": "treesearch.backend",
+    "ServerEngine": "treesearch.server",
     "LanguageModel": "treesearch.runtime",
     "load_model": "treesearch.runtime",
     "tiny_model": "treesearch.runtime",
@@ -40,6 +41,8 @@ _EXPORTS = {
     "ConfigError": "treesearch.errors",
     "SaveFileError": "treesearch.errors",
     "ResumeError": "treesearch.errors",
+    "ServerError": "treesearch.errors",
+    "ServerContextError": "treesearch.errors",
 }
 
 __all__ = sorted(_EXPORTS)

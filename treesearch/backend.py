@@ -100,15 +100,18 @@ class Backend(Protocol):
 
 
 def require_features(backend: Backend, config: Any) -> None:
-    """Fail at once, in one line, when the config asks for something the backend cannot do."""
+    """Fail at once, in one line, when the config asks for something the backend cannot do; the
+    message says what to change (or to use the local engine, which has every feature)."""
     wanted = []
     if getattr(config, "kv_sharing", None) == "asks":
-        wanted.append(("asks", "kv_sharing='asks'"))
+        wanted.append(("asks", "kv_sharing='asks'", "use kv_sharing='exact' (--kv exact)"))
     if getattr(config, "cache_budget", None) is not None:
-        wanted.append(("cache_budget", "cache_budget"))
+        wanted.append(("cache_budget", "cache_budget", "leave cache_budget unset (--cache-budget)"))
     if getattr(config, "cgee", False) and getattr(config, "min_layer", None) not in (None,):
-        wanted.append(("cgee_layer_exit", "cgee with min_layer (CGEE Level 2)"))
-    missing = [what for feat, what in wanted if feat not in backend.features]
+        wanted.append(("cgee_layer_exit", "cgee with min_layer (CGEE Level 2)", "leave min_layer unset"))
+    missing = [(what, fix) for feat, what, fix in wanted if feat not in backend.features]
     if missing:
-        raise ConfigError(f"{type(backend).__name__} does not support {', '.join(missing)}; "
-                          f"it supports {', '.join(sorted(backend.features)) or 'none of ' + ', '.join(FEATURES)}")
+        has = ", ".join(sorted(backend.features)) or "none of " + ", ".join(FEATURES)
+        raise ConfigError(f"{type(backend).__name__} does not support {', '.join(w for w, _ in missing)} (it has "
+                          f"{has}): {'; '.join(f for _, f in missing)}, or run the local engine "
+                          "(treesearch.load_model()), which has them all")

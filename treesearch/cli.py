@@ -18,6 +18,7 @@ from typing import Any
 
 from .errors import TreeSearchError, UsageError
 from .preflight import ArgumentParser, check_bench, check_solve, one_line, strategy_names, task_names
+from .backend_cli import add_backend_args, backend_from_args
 
 
 def _add_search_flags(p: argparse.ArgumentParser) -> None:
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     # bench and calibrate parse their own arguments (main hands them over as given); listed for --help
     sub.add_parser("bench", help="benchmark KV modes side by side (treesearch bench --help)", add_help=False)
     sub.add_parser("calibrate", help="calibrate CGEE thresholds (treesearch calibrate --help)", add_help=False)
+    add_backend_args(solve)
     return parser
 
 
@@ -94,7 +96,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     from .searcher import Searcher
 
     with torch_threads(args.threads):
-        model = load_model_or_fail(args)
+        model = backend_from_args(args) or load_model_or_fail(args)
         searcher = Searcher(model, plan.problem, plan.strategy, plan.config, sampling=plan.sampling, seed=args.seed,
                             progress=not args.no_progress)
         try:

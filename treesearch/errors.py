@@ -47,3 +47,17 @@ class ResumeError(TreeSearchError):
 class UsageError(TreeSearchError):
     """A command-line argument is invalid. The CLI prints it as one line, `treesearch: error: ...`,
     and exits with status 2, before any model loads."""
+
+
+class ServerError(TreeSearchError):
+    """An OpenAI-compatible server could not be reached or refused a request (after retries where
+    retrying can help); the message names the URL, what failed and what to check."""
+
+    def __init__(self, message: str, *, url: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url  # the request's URL
+        self.status = status  # the HTTP status the server answered with (None: no answer)
+
+
+class ServerContextError(ServerError, ContextTooLongError):
+    """The server refused a prompt that does not fit in its model's context window."""

@@ -8,6 +8,8 @@ Policy, checked before any model work with the engine's own tokenization:
 - evaluate (LM-valued nodes only): value-prompt tokens > lm.max_context -> node["context_overflow"]
   = True, status "pruned", and its score is the lowest label weight clipped into value_range (the
   value of a verifier certain the branch is worst), so strategies rank it last without NaN or inf.
+A backend with `max_context = None` (a server whose context is unknown) is not checked here: the
+server refuses what does not fit (`treesearch.errors.ServerContextError`).
 A direct `Engine.generate` / `Engine.score` call with a prompt that does not fit still raises
 `ContextTooLongError` (the engine checks every batch before running it).
 """
@@ -61,7 +63,9 @@ def floor_value(problem: Any) -> float:
 
 def _overflowing(searcher: Any, nodes: list[int], kind: str) -> list[int]:
     p, engine = searcher.problem, searcher.engine
-    limit = engine.lm.max_context
+    limit = max_context(engine)
+    if limit is None:
+        return []
     out = []
     for n in nodes:
         state = searcher.tree.node(n)["state"]
@@ -74,3 +78,12 @@ def _overflowing(searcher: Any, nodes: list[int], kind: str) -> list[int]:
         if isinstance(prompt, str) and prompt and len(engine.tokenize(prompt)) + extra > limit:
             out.append(n)
     return out
+
+
+def max_context(engine: Any) -> int | None:
+    """The context window the search checks prompts against: a backend's `max_context` where it
+    declares one (a server: given by the user, None = the server checks), else the local engine's
+    model's."""
+    if hasattr(engine, "max_context"):
+        return engine.max_context
+    return engine.lm.max_context

@@ -213,7 +213,7 @@ class Searcher:
         not a re-tokenization of their text, for a resumed search to equal an uninterrupted one."""
         for n in sorted(self.tree.graph):
             d = self.tree.node(n)
-            if not d.get("generation_ids"):
+            if not any(d.get("generation_ids") or []):  # none, or a server's (no ids): nothing to remember
                 continue
             prompt = self.problem.expand_prompt(d["state"])
             if not isinstance(prompt, str) or not prompt:

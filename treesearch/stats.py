@@ -18,6 +18,8 @@ class Stats:
     recomputed_tokens: prefill of tokens whose K/V had been computed before but was not cached
     when needed (evicted, or never kept under the budget); part of prefill_tokens.
     evicted_blocks: blocks of K/V dropped to stay under cache_budget.
+    label_floor_hits: labels scored by a server (`treesearch.server`) whose first token was not in
+    the server's top-k log-probabilities and got the floor probability instead.
     """
 
     prefill_tokens: int = 0
@@ -37,6 +39,7 @@ class Stats:
     asks_extra_reused: int = 0
     evicted_blocks: int = 0
     recomputed_tokens: int = 0
+    label_floor_hits: int = 0
     peak_kv_bytes: int = 0
     wall_s: float = 0.0
     verify_s: float = 0.0  # wall seconds spent in LM verification (valuation) calls, CGEE included

@@ -17,6 +17,7 @@ from ..cgee import Branch, thresholds_for
 from ..config import RKSCConfig, Sampling
 from ..engine import Engine
 from ..runtime import LanguageModel
+from .backends import engine_for
 from ..seeds import stable_seed
 from ..tasks.choice import extract_choice
 from ..tasks.gsm8k import extract_number
@@ -69,7 +70,7 @@ def run_branch(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *
                         stop=() if ignore_eos else BRANCH_STOP, ignore_eos=ignore_eos)
     if ignore_eos:
         out.note(FIXED_LENGTH_NOTE)
-    engine = Engine(lm, config)  # kept across items: each starts with the last one's prompt K/V
+    engine = engine_for(lm, config)  # kept across items: each starts with the last one's prompt K/V
     v = verifier(engine, config, lm.name, task, out)
     for idx, item in enumerate(items):
         if idx:

@@ -8,6 +8,8 @@
 
 A `dummy:NAME` model (random weights of a real shape, `treesearch.dummy`) writes gibberish, so its
 branch and tree workloads generate fixed lengths (EOS and stop strings ignored), and the output says so.
+
+    treesearch bench game24 --range 900:902 --modes exact,server --base-url http://127.0.0.1:8000/v1  # vs a server
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads for the run (default: torch's own; 1 is faster on a busy machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from ..backend_cli import add_server_args
+
+    add_server_args(p)  # the server mode's server
     return p
 
 
@@ -128,6 +133,15 @@ def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: 
     from . import report
     from .runner import run_all, total_ticks
 
+    server = None
+    if "server" in names:  # before the model loads: a missing URL or a dead server fails at once
+        from ..backend_cli import server_from_args
+        from ..errors import TreeSearchError
+
+        try:
+            server = server_from_args(args)
+        except TreeSearchError as err:
+            raise SystemExit(f"treesearch bench: {err}") from None
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     bar = None
     if not args.no_progress:
@@ -136,7 +150,7 @@ def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: 
         bar = tqdm(total=total_ticks(workload, names, args.repeat), desc=f"bench {args.workload}", unit="item")
     try:
         runs = run_all(lm, workload, names, repeat=args.repeat, tick=bar.update if bar else None,
-                       budget_fraction=args.rksc_budget, replay_tokens=args.replay_tokens)
+                       budget_fraction=args.rksc_budget, replay_tokens=args.replay_tokens, server=server)
     finally:
         if bar is not None:
             bar.close()
@@ -144,7 +158,7 @@ def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: 
             "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
             "repeat": args.repeat, "seed": args.seed, "command": "treesearch bench " + shlex.join(args.argv),
             "fixed_length": args.fixed_length,
-            "machine": machine()}
+            "machine": machine(), "server": {"base_url": server.base_url, "model": server.model} if server else None}
     doc = report.build(runs, meta)
     print(report.markdown(doc))
     if args.json_path:

@@ -7,6 +7,8 @@
          shows what CGEE alone does to the verification (scoring) time, `verify_s`.
 - rksc:  exact (or "asks" where RKSCConfig's default turns it on) + cgee=True + a cache budget for
          RSBCM, built from RKSCConfig flags only; `feature_notes` lists what it switches on.
+- server: an OpenAI-compatible server (`--base-url`), exact sharing by the server's own prefix cache;
+         the same workload through `treesearch.server.ServerEngine` (`treesearch.bench.backends`).
 - hf-cb: transformers' `generate_batch` continuous batching with block sharing, replaying the
          same generation requests greedily (`treesearch.bench.hfcb`); it cannot score or search.
 """
@@ -14,12 +16,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..cgee import load_thresholds, thresholds_for
 from ..config import RKSCConfig
 
-MODES = ("nokv", "exact", "cgee", "rksc", "hf-cb")
-ENGINE_MODES = ("nokv", "exact", "cgee", "rksc")
+MODES = ("nokv", "exact", "cgee", "rksc", "server", "hf-cb")
+ENGINE_MODES = ("nokv", "exact", "cgee", "rksc", "server")
 
 
 @dataclass
@@ -29,6 +32,7 @@ class Mode:
     name: str
     config: RKSCConfig | None
     notes: list[str] = field(default_factory=list)
+    backend: Any = None  # server mode: the ServerEngine that runs the workload instead of the local engine
 
 
 def parse_modes(text: str) -> list[str]:
@@ -66,6 +70,8 @@ def make_mode(name: str, cache_budget: int | None = None) -> Mode:
         mode = Mode(name, rksc_config(cache_budget))
         mode.notes += feature_notes(mode.config)
         return mode
+    if name == "server":
+        return Mode(name, RKSCConfig(kv_sharing="exact"))
     if name == "hf-cb":
         return Mode(name, None, ["transformers generate_batch (continuous batching, allow_block_sharing=True), "
                                  "greedy replay of the workload's generation requests; no scoring pass, "

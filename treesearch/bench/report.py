@@ -10,7 +10,9 @@ Definitions (all from the recorded counters and wall times):
   i.e. how much faster verification ran than with exact sharing alone (CGEE off).
 - accuracy: fraction of items answered correctly (game24: solved; branch/tree: final answer).
 - agreement[mode]: fraction of decisions (kept states per step, per-branch and final answers)
-  equal to nokv's, compared position by position (a missing decision counts as a disagreement).
+  equal to nokv's (exact's when nokv did not run), compared position by position (a missing
+  decision counts as a disagreement); `agreement_reference` names the mode compared against.
+- inputs_per_hour = items * 3600 / wall_s.
 hf-cb only replays generation, so its row has wall time and token counts of the replay; the replay
 table compares it with our engine (exact) on the same requests.
 """
@@ -77,6 +79,7 @@ def build(runs: BenchRuns, meta: dict) -> dict:
         entry["accuracy"] = sum(last.correct) / len(last.correct) if last.correct else None
         entry["items"] = len(last.correct)
         entry["computed_tokens"] = entry["prefill_tokens"] + entry["decode_tokens"]
+        entry["inputs_per_hour"] = ratio(3600.0 * len(last.correct), entry["wall_s"])
         entry["counters_stable"] = all(r.stats == last.stats for r in mr.runs)
         entry["decisions_total"] = len(last.decisions)
         entry["decisions"] = list(last.decisions)
@@ -90,11 +93,13 @@ def build(runs: BenchRuns, meta: dict) -> dict:
         entry["speedup_vs_exact"] = ratio(ex and ex["wall_s"], entry["wall_s"])
         entry["compute_vs_nokv"] = ratio(base and base["computed_tokens"], entry["computed_tokens"])
         entry["verify_speedup_vs_exact"] = ratio(ex and ex["verify_s"], entry["verify_s"])
-    ref = decisions.get("nokv")
+    ref_name = "nokv" if "nokv" in decisions else ("exact" if len(decisions) > 1 else None)
+    ref = decisions.get(ref_name) if ref_name else None
     agree = {name: (agreement(d, ref) if ref is not None else None) for name, d in decisions.items()}
     for name in modes:
         agree.setdefault(name, None)
-    return {**meta, "modes": modes, "agreement": agree, "replay": _replay_entry(runs)}
+    return {**meta, "modes": modes, "agreement": agree, "agreement_reference": ref_name if ref is not None else None,
+            "replay": _replay_entry(runs)}
 
 
 def _hf_entry(runs: BenchRuns, mr) -> dict:
@@ -143,19 +148,20 @@ def markdown(doc: dict) -> str:
     if doc.get("fixed_length"):
         lines += [f"Dummy weights on {doc.get('device')} ({doc.get('dtype')}): every generation runs its full "
                   "length (EOS and stop strings ignored); timings only, accuracy means nothing.", ""]
-    lines += ["| mode | wall s (median ± spread) | x vs nokv | x vs exact | prefill | decode | reused | unique | "
-              "model calls | verify calls / skipped | verify layers run / full | peak KV MiB | accuracy | agreement | "
-              "verify s | verify x vs exact |",
-              "|" + "---|" * 16]
+    lines += ["| mode | wall s (median ± spread) | inputs/h | x vs nokv | x vs exact | prefill | decode | reused | "
+              "unique | model calls | verify calls / skipped | verify layers run / full | peak KV MiB | accuracy | "
+              f"agreement (vs {doc.get('agreement_reference') or 'nokv'}) | verify s | verify x vs exact |",
+              "|" + "---|" * 17]
     for name, e in doc["modes"].items():
         if e["status"] in ("failed", "skipped") :
-            lines.append(f"| {name} | {e['status']}: {e['reason']} |" + " |" * 14 + "")
+            lines.append(f"| {name} | {e['status']}: {e['reason']} |" + " |" * 15 + "")
             continue
         kv = e["peak_kv_bytes"] / 2**20 if e["peak_kv_bytes"] is not None else None
         ver = "—" if e["verify_calls"] is None else f"{e['verify_calls']} / {e['verify_skipped']}"
         lay = "—" if e["verify_layers_run"] is None else f"{e['verify_layers_run']} / {e['verify_layers_full']}"
         lines.append(
-            f"| {name} | {_f(e['wall_s'])} ± {_f(e['wall_s_spread'])} | {_f(e['speedup_vs_nokv'], '{:.2f}x')} | "
+            f"| {name} | {_f(e['wall_s'])} ± {_f(e['wall_s_spread'])} | {_f(e.get('inputs_per_hour'), '{:.0f}')} | "
+            f"{_f(e['speedup_vs_nokv'], '{:.2f}x')} | "
             f"{_f(e['speedup_vs_exact'], '{:.2f}x')} | {_f(e['prefill_tokens'])} | {_f(e['decode_tokens'])} | "
             f"{_f(e['reused_tokens'])} | {_f(e['unique_tokens'])} | {_f(e['model_calls'])} | {ver} | {lay} | "
             f"{_f(kv, '{:.1f}')} | {_f(e['accuracy'])} | {_f(doc['agreement'].get(name))} | "

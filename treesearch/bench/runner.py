@@ -5,12 +5,14 @@ mode alike). A mode that fails records its error as the reason instead of stoppi
 rksc's cache budget is a fraction of exact's peak KV bytes from the same round (RSBCM must then
 evict to stay under it); without an exact run it stays unbounded and the notes say so.
 hf-cb replays the generation requests recorded by the first engine mode that ran (exact first).
+server runs the workload through the ServerEngine given to `run_all` (`treesearch.bench.backends`).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..config import Sampling
 from ..engine import Engine
@@ -45,6 +47,11 @@ def warm_up(lm: LanguageModel, mode: Mode) -> None:
     if mode.config is None:
         hfcb.warm_up_hf(lm)
         return
+    if mode.backend is not None:
+        from .backends import warm_up_server
+
+        warm_up_server(mode.backend)
+        return
     engine = Engine(lm, mode.config)
     engine.generate(["Warm up: count 1 2 3"] * 2, Sampling(max_new_tokens=4))
     engine.score(["Warm up: is 2 + 2 = 4? Reply yes or no.\nReply:"], [" yes", " no"])
@@ -57,12 +64,24 @@ def total_ticks(workload: Workload, names: list[str], repeat: int) -> int:
 
 
 def run_all(lm: LanguageModel, workload: Workload, names: list[str], *, repeat: int = 1,
-            tick: Tick | None = None, budget_fraction: float = 0.25, replay_tokens: int | None = None) -> BenchRuns:
+            tick: Tick | None = None, budget_fraction: float = 0.25, replay_tokens: int | None = None,
+            server: Any = None) -> BenchRuns:
     tick = tick or (lambda n: None)
     out = BenchRuns()
     for name in names:
         out.modes[name] = ModeRuns(make_mode(name))
+    if "server" in out.modes:
+        mr = out.modes["server"]
+        if server is None:
+            mr.error = "the server mode needs a server: --base-url URL (and --server-model NAME)"
+        else:
+            from .backends import server_notes
+
+            mr.mode.backend = server
+            mr.mode.notes += server_notes(server)
     for name, mr in out.modes.items():
+        if mr.error:
+            continue
         try:
             warm_up(lm, mr.mode)
         except Exception as err:  # noqa: BLE001 - recorded as the mode's reason
@@ -95,7 +114,7 @@ def _run_mode(lm: LanguageModel, workload: Workload, mode: Mode, tick: Tick, ret
 
     for attempt in range(retries + 1):
         try:
-            return workload.run(lm, mode.config, tick)
+            return workload.run(mode.backend or lm, mode.config, tick)
         except CacheBudgetError:
             if mode.config.cache_budget is None or attempt == retries:
                 raise

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 
 from ..config import RKSCConfig, Sampling
-from ..engine import Engine
+from .backends import engine_for
 from ..runtime import LanguageModel
 from ..tasks.gsm8k import extract_number
 from ..seeds import stable_seed
@@ -43,7 +43,7 @@ def run_tree(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *, 
         out.note(FIXED_LENGTH_NOTE)
     if config.cgee:
         out.note("tree has no verification step: CGEE has nothing to skip here")
-    engine = Engine(lm, config)  # kept across items: each starts with the last one's prompt K/V
+    engine = engine_for(lm, config)  # kept across items: each starts with the last one's prompt K/V
     for idx, item in enumerate(items):
         if idx:
             engine.new_search()
