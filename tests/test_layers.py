@@ -37,7 +37,7 @@ LAYERS: dict[str, int] = {
     # 8: the search
     "searcher": 8,
     # 9 and up: strategies and the tools on top
-    "strategies": 9, "bench": 10, "calibration_sets": 10, "calibrate": 11, "preflight": 11, "backend_cli": 11, "cli": 12,
+    "strategies": 9, "backend_cli": 9, "bench": 10, "calibration_sets": 10, "calibrate": 11, "preflight": 11, "cli": 12,
     "__main__": 13,
 }
 # The one upward arrow: the Searcher's default strategy (BFS), imported where it is used.

@@ -96,7 +96,11 @@ def cmd_solve(args: argparse.Namespace) -> int:
     from .searcher import Searcher
 
     with torch_threads(args.threads):
-        model = backend_from_args(args) or load_model_or_fail(args)
+        try:
+            model = backend_from_args(args) or load_model_or_fail(args)
+        except TreeSearchError as exc:  # an unreachable server, a model that will not load: one line
+            print(f"treesearch: error: {one_line(exc)}", file=sys.stderr)
+            return 2
         searcher = Searcher(model, plan.problem, plan.strategy, plan.config, sampling=plan.sampling, seed=args.seed,
                             progress=not args.no_progress)
         try:
