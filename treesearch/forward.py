@@ -17,7 +17,7 @@ from .attention import BatchKV, Prefix
 from .config import Sampling
 from .eos import eos_token_ids
 from .model import LanguageModel
-from .stats import Stats
+from .stats import Stats, distinct
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> str:
@@ -59,12 +59,12 @@ class Forward:
         self.eos_ids = eos_token_ids(lm.model, lm.tokenizer)
 
     def prefill(self, prefixes: list[Prefix], news: list[list[int]], starts: list[int], *, extra: int,
-                want_logits: bool, stats: Stats, exit_rule: Callable | None = None, exits: Any = None,
+                want_logits: bool, charge: Sequence[Stats], exit_rule: Callable | None = None, exits: Any = None,
                 label_ids: list[int] | None = None, capture: list | None = None) -> tuple[BatchKV, Any]:
         """One padded forward of each row's new tokens (at absolute positions starts[b]..) over its
         prefix; returns (batch, result) with room in the batch for `extra` more tokens per row.
         result: last-position logits [B, V] (want_logits), label probabilities (label_ids; see
-        `layers`) or None. capture: a list that receives each decoder layer's output [B, n, hidden]."""
+        `layers`) or None. charge[b]: the Stats row b's work is counted in. capture: a list that receives each decoder layer's output [B, n, hidden]."""
         lm = self.lm
         bsz = len(news)
         lens = [len(t) for t in news]
@@ -82,12 +82,14 @@ class Forward:
         last = torch.tensor([n - 1 for n in lens])
         result = self.layers(ids.to(lm.device), pos.to(lm.device), batch, last, want_logits,
                              exit_rule=exit_rule, exits=exits, label_ids=label_ids, capture=capture)
-        stats.model_calls += 1
-        stats.prefill_tokens += sum(lens)
+        for st in distinct(charge):
+            st.model_calls += 1
+        for st, n in zip(charge, lens):
+            st.prefill_tokens += n
         return batch, result
 
     def decode(self, batch: BatchKV, logits: torch.Tensor, positions: list[int], write_pos: int,
-               sampling: Sampling, generators: list[torch.Generator], stats: Stats,
+               sampling: Sampling, generators: list[torch.Generator], charge: Sequence[Stats],
                on_finish: Callable[[int, int, list[int]], None]) -> tuple[list[list[int]], list[list[float]], list[str]]:
         """The generate loop: sample every running row, feed the tokens back, repeat until each row
         meets EOS, a stop string or max_new_tokens. Row b's first new token sits at absolute position
@@ -119,18 +121,22 @@ class Forward:
                 batch.select(keep)
                 toks = [toks[j] for j in keep]
                 active = [active[j] for j in keep]
-            logits = self.step(batch, toks, [positions[b] + step for b in active], write_pos + step, stats)
+            logits = self.step(batch, toks, [positions[b] + step for b in active], write_pos + step,
+                               [charge[b] for b in active])
         return gens, logps, finish
 
-    def step(self, batch: BatchKV, toks: list[int], positions: list[int], write_pos: int, stats: Stats) -> torch.Tensor:
+    def step(self, batch: BatchKV, toks: list[int], positions: list[int], write_pos: int,
+             charge: Sequence[Stats]) -> torch.Tensor:
         """One decode step: each row's last token (absolute positions given) -> next-token logits [B, V]."""
         dev = self.lm.device
         ids = torch.tensor(toks, dtype=torch.long, device=dev)[:, None]
         pos = torch.tensor(positions, device=dev)[:, None]
         batch.begin(write_pos, torch.ones(len(toks), 1, dtype=torch.bool, device=dev))
         logits = self.layers(ids, pos, batch, torch.zeros(len(toks), dtype=torch.long), True)
-        stats.model_calls += 1
-        stats.decode_tokens += len(toks)
+        for st in distinct(charge):
+            st.model_calls += 1
+        for st in charge:
+            st.decode_tokens += 1
         return logits
 
     def finished(self, gen: list[int], sampling: Sampling) -> str | None:
@@ -202,3 +208,4 @@ class Forward:
         if getattr(head, "bias", None) is not None:
             logits = logits + head.bias.index_select(0, idx)
         return torch.softmax(logits.float(), dim=-1)
+

@@ -23,7 +23,7 @@ the batch holding their K/V); this module runs no model itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,10 +32,10 @@ from .config import RKSCConfig
 from .errors import CacheBudgetError
 from .kvstore import Chain, KVStore, Segment
 from .rsbcm import Priority, RSBCMPolicy
-from .stats import Stats
+from .stats import Stats, distinct
 
 Handle = tuple[Segment, int]  # a context end in the KV store: (segment, used tokens)
-Compute = Callable[[list[Chain], list[list[int]], list[int]], BatchKV]
+Compute = Callable[[list[Chain], list[list[int]], list[int], list[Stats]], BatchKV]
 
 
 @dataclass
@@ -49,6 +49,7 @@ class Row:
     asks_sigma: float | None = None
     cut: int = 0  # cached tokens this row computes again because the budget cannot hold them now
     must_store: bool = False  # its prompt's K/V must be cached (a pinned owner's, e.g. the root's)
+    stats: Stats | None = None  # where the work done for this row is counted (its search's)
 
 
 def _ceil(n: int, d: int) -> int:
@@ -69,6 +70,7 @@ class CacheManager:
         self._call_pins: list[Chain] = []  # chains pinned for the running engine call
         self._prompt_pins: set = set()  # owners whose prompts are pinned (pin_owner)
         self._prompt_hits: dict[int, int] = {}  # segment id -> prompt contexts of this search through it
+        self._evicted_seen = 0  # store.evicted_blocks already counted in some Stats
 
     # -- owners and priority (RSBCM) ----------------------------------------------------------------
     def set_priority(self, fn: Priority | None) -> None:
@@ -103,6 +105,7 @@ class CacheManager:
         hits = self._prompt_hits
         self.store.keep_only(lambda seg: hits.get(seg.id, 0) > 0)
         self._prompt_hits = {}
+        self._evicted_seen = 0
 
     def count_prompt(self, end: Handle) -> None:
         """One more prompt context ran through the segments ending at `end`."""
@@ -126,12 +129,13 @@ class CacheManager:
         self.store.pin(chain)
         self._call_pins.append(chain)
 
-    def end_call(self) -> None:
-        """Unpin everything the call pinned."""
+    def end_call(self, charge: Stats | None = None) -> None:
+        """Unpin everything the call pinned; the blocks it evicted are counted in charge."""
         for chain in self._call_pins:
             self.store.unpin(chain)
         self._call_pins = []
-        self.stats.evicted_blocks = self.store.evicted_blocks
+        (charge or self.stats).evicted_blocks += self.store.evicted_blocks - self._evicted_seen
+        self._evicted_seen = self.store.evicted_blocks
 
     @staticmethod
     def prefix(chain: Chain) -> Prefix:
@@ -142,8 +146,9 @@ class CacheManager:
         """Record the store's bytes plus a running batch's own buffer."""
         self.store.note_peak(batch_bytes)
 
-    def report_peak(self) -> None:
-        self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, self.store.peak_bytes)
+    def report_peak(self, charge: Sequence[Stats]) -> None:
+        for st in distinct(charge):
+            st.peak_kv_bytes = max(st.peak_kv_bytes, self.store.peak_bytes)
 
     def fits_free(self, token_runs: list[int]) -> bool:
         """Whether new runs of these token counts fit in room that displaces nothing owned."""
@@ -162,8 +167,9 @@ class CacheManager:
         for r in rows:
             self.pin(r.chain)
         for r in rows:
-            self.ensure_resident(r.chain)
-        self.stats.recomputed_tokens += sum(r.cut for r in rows)
+            self.ensure_resident(r.chain, charge=r.stats)
+        for r in rows:
+            (r.stats or self.stats).recomputed_tokens += r.cut
 
     def check_budget(self, rows: list[Row]) -> None:
         """Fail before any work when the budget cannot hold what must stay cached: the pinned
@@ -229,7 +235,7 @@ class CacheManager:
                 if r.matched < len(r.ids) - 1:
                     end = (r.chain[-1][0].id, r.chain[-1][1]) if r.chain else (0, 0)
                     groups.setdefault((end, r.ids[r.matched]), []).append(r)
-            runs: list[tuple[Chain, list[int], int, list[int]]] = []
+            runs: list[tuple[Chain, list[int], int, list[int], Stats]] = []  # counted in the first row's stats
             for members in groups.values():
                 if len(members) < 2:
                     continue
@@ -240,7 +246,7 @@ class CacheManager:
                     lcp += 1
                 if lcp >= self.share_min_tokens:
                     runs.append((first.chain, first.ids[first.matched:first.matched + lcp], first.matched,
-                                 first.ids[:first.matched + lcp]))
+                                 first.ids[:first.matched + lcp], first.stats or self.stats))
             if not runs:
                 return
             for run in runs:
@@ -249,14 +255,16 @@ class CacheManager:
             if not self.store.can_hold(need):  # no room for the shared runs: each row computes its own
                 return
             for run in runs:
-                self.ensure_resident(run[0])
-            batch = self.compute([r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs])
-            for b, (_, toks, start, ids) in enumerate(runs):
-                self.insert(ids, start, batch.row_kv(b, 0, len(toks)))
+                self.ensure_resident(run[0], charge=run[4])
+            batch = self.compute([r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs],
+                                 [r[4] for r in runs])
+            for b, (_, toks, start, ids, charge) in enumerate(runs):
+                self.insert(ids, start, batch.row_kv(b, 0, len(toks)), charge=charge)
             self.lookup(rows)
 
     # -- storing and residency --------------------------------------------------------------------------
-    def store_kv(self, ids: list[int], start: int, kv: Any, *, free_only: bool = False) -> Handle:
+    def store_kv(self, ids: list[int], start: int, kv: Any, *, free_only: bool = False,
+                 charge: Stats | None = None) -> Handle:
         """Cache the K/V of ids[start:] (or its first whole blocks) where the budget has room,
         else record only the tokens (a non-resident segment, recomputed if it is ever needed).
 
@@ -279,10 +287,10 @@ class CacheManager:
             if (room < 0 or (keep == 0 and m < len(ids))
                     or any(s.start + s.resident_len < start for s, _ in missing)):
                 return chain[-1] if m == len(ids) else store.insert(chain, ids[m:], None)  # tokens only
-        return self.insert(ids, start, kv, found=(chain, m), keep=keep)
+        return self.insert(ids, start, kv, found=(chain, m), keep=keep, charge=charge)
 
     def insert(self, ids: list[int], start: int, kv: Any, *, found: tuple[Chain, int] | None = None,
-               keep: int | None = None) -> Handle:
+               keep: int | None = None, charge: Stats | None = None) -> Handle:
         """Store the K/V of ids[start:] (given as kv) after the cached ids[:start]; returns the end
         handle, pinned for the rest of the call. Evicted segments the tokens run through are
         refilled from kv when it covers them, else recomputed (so the handle is resident).
@@ -293,7 +301,7 @@ class CacheManager:
             self.pin(chain)
         else:
             chain, m = found
-        self.ensure_resident(chain, known=(start, kv))
+        self.ensure_resident(chain, known=(start, kv), charge=charge)
         if m == len(ids):
             return chain[-1]
         part = kv[:, :, :, m - start:] if keep is None else kv[:, :, :, m - start:m - start + keep]
@@ -301,14 +309,16 @@ class CacheManager:
         self.pin([end])
         return end
 
-    def ensure_resident(self, chain: Chain, known: tuple[int, Any] | None = None) -> None:
+    def ensure_resident(self, chain: Chain, known: tuple[int, Any] | None = None, *,
+                        charge: Stats | None = None) -> None:
         """Make each chain segment resident up to the tokens the chain uses, recomputing what is
         missing from its nearest cached ancestor (counted as recomputed).
 
         known=(start, kv): the K/V of absolute positions start.. (a segment part inside it is
-        refilled from it instead of recomputed)."""
+        refilled from it instead of recomputed). charge: where recomputation is counted."""
         import torch
 
+        charge = charge or self.stats
         for i, (seg, used) in enumerate(chain):
             have = seg.resident_len
             if have >= used:
@@ -318,7 +328,7 @@ class CacheManager:
                 new = known[1][:, :, :, lo - known[0]:hi - known[0]]
             else:
                 prefix = list(chain[:i]) + ([(seg, have)] if have else [])
-                batch = self.compute([prefix], [list(seg.tokens[have:used])], [lo])
+                batch = self.compute([prefix], [list(seg.tokens[have:used])], [lo], [charge])
                 new = batch.row_kv(0, 0, used - have)
-                self.stats.recomputed_tokens += used - have
+                charge.recomputed_tokens += used - have
             self.store.refill(seg, torch.cat([seg.kv, new], dim=3) if have else new)

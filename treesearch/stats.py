@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 
@@ -56,3 +57,12 @@ class Stats:
         """Fraction of prompt tokens served from cache."""
         total = self.prefill_tokens + self.reused_tokens
         return self.reused_tokens / total if total else 0.0
+
+
+def distinct(charge: Sequence[Stats]) -> list[Stats]:
+    """Each Stats object of a per-row list once, in first-seen order (the rows of one search share
+    one Stats; a merged call of several searches has several)."""
+    seen: dict[int, Stats] = {}
+    for st in charge:
+        seen.setdefault(id(st), st)
+    return list(seen.values())
