@@ -111,7 +111,7 @@ def test_tiny_fp32_search_is_identical_with_sharing_and_under_a_tight_budget(tin
     q = {"question": "Ann has 3 bags of 4 pears. How many pears?", "answer": "#### 12"}
     trees = {}
     for name, cfg in (("off", RKSCConfig(kv_sharing="off")), ("exact", RKSCConfig(kv_sharing="exact")),
-                      ("budget", RKSCConfig(kv_sharing="exact", cache_budget=400_000))):
+                      ("budget", RKSCConfig(kv_sharing="exact", cache_budget=500_000))):
         problem = GSM8K(max_steps=3, samples_per_expand=2, max_new_tokens=8)
         res = Searcher(tiny_dev, problem, BFS(breadth=2), cfg, progress=False, seed=7).solve(q)
         nodes = res.tree.graph.nodes

@@ -111,20 +111,34 @@ def test_pinned_segments_are_never_evicted():
     store.check_invariants()
 
 
-def test_engine_budget_that_holds_nothing_caches_nothing_and_recomputes_the_same_tokens(tiny_lm):
+def _named_minimum(exc: CacheBudgetError) -> int:
+    return int(str(exc).split("at least ")[1].split(" bytes")[0])
+
+
+def test_engine_budget_below_one_rows_buffer_fails_before_any_forward_and_its_minimum_caches_nothing(tiny_lm):
+    """The budget bounds all K/V, the batch buffer included: below one row's prompt plus its new
+    tokens nothing can run (refused before any forward, naming that minimum); at exactly that
+    minimum the row runs with nothing cached, and running it again recomputes the same tokens."""
     prompt = "Once upon a time there was a small village by the sea"
     sampling = Sampling(max_new_tokens=8)
     ref = Engine(tiny_lm, RKSCConfig()).generate([prompt], sampling)
     eng = Engine(tiny_lm, RKSCConfig(cache_budget=1))
+    n = len(eng.tokenize(prompt))
+    with pytest.raises(CacheBudgetError, match="at least") as info:
+        eng.generate([prompt], sampling)
+    assert eng.stats.model_calls == 0
+    need = _named_minimum(info.value)
+    assert need == (n + 8) * tiny_lm.kv_bytes_per_token  # the prompt and 8 new tokens, in the batch buffer
+    eng = Engine(tiny_lm, RKSCConfig(cache_budget=need))
     first = eng.generate([prompt], sampling)
     assert first[0].token_ids == ref[0].token_ids
-    assert eng.store.bytes_held == 0 and not eng.store.resident_segments()
-    assert eng.stats.recomputed_tokens == 0
-    again = eng.generate([prompt], sampling)  # its tokens are known (not its K/V): computed again
+    assert eng.store.bytes_held == 0 and not eng.store.resident_segments()  # the buffer took all the room
+    assert eng.stats.recomputed_tokens == 0 and eng.store.peak_bytes == need
+    again = eng.generate([prompt], sampling)  # its tokens are known (not its K/V): computed again, bare
     assert again[0].token_ids == ref[0].token_ids
-    n = len(eng.tokenize(prompt))
     assert eng.stats.recomputed_tokens == n - 1 and eng.stats.reused_tokens == 0
     assert eng.stats.prefill_tokens == 2 * n
+    assert eng.store.peak_bytes <= need
     eng.store.check_invariants()
 
 
@@ -132,18 +146,23 @@ def test_engine_recomputes_only_the_blocks_a_prompt_uses_of_a_longer_cached_run(
     first = "Once upon a time there was a small village by the sea, and in it lived an old fisherman"
     second = "Once upon a time there was a small village by the sea, where the winters were long"
     sampling = Sampling(max_new_tokens=4)
-    eng = Engine(tiny_lm, RKSCConfig(cache_budget=1))  # room for nothing: the first run is kept as tokens only
+    bpt = tiny_lm.kv_bytes_per_token
+    probe = Engine(tiny_lm, RKSCConfig())
+    a, b = probe.tokenize(first), probe.tokenize(second)
+    # room for the first row's buffer only: its run is kept as tokens, not K/V
+    eng = Engine(tiny_lm, RKSCConfig(cache_budget=(len(a) + 4) * bpt))
     eng.generate([first], sampling)
-    a, b = eng.tokenize(first), eng.tokenize(second)
+    assert eng.store.bytes_held == 0
     shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
     bs = eng.store.block_size
-    eng.store.budget = -(-shared // bs) * eng.store.block_bytes  # exactly the shared prefix's blocks
+    blocks = -(-shared // bs) * eng.store.block_bytes
+    eng.store.budget = blocks + (len(b) - shared + 4) * bpt  # the shared prefix's blocks + the second's buffer
     out = eng.generate([second], sampling)
     assert out[0].token_ids == Engine(tiny_lm, RKSCConfig()).generate([second], sampling)[0].token_ids
     (seg,) = [s for s in eng.store.resident_segments()]
     assert seg.resident_len == shared < len(seg)  # only the part the second prompt uses came back
     assert eng.stats.recomputed_tokens == shared and eng.stats.reused_tokens == shared
-    assert eng.store.bytes_held == eng.store.budget
+    assert eng.store.bytes_held == blocks and eng.store.peak_bytes == eng.store.budget
     eng.store.check_invariants()
 
 
@@ -160,14 +179,17 @@ def test_engine_budget_below_a_pinned_prompt_fails_at_the_start_naming_the_minim
         eng = engine(1)
         eng.generate([prompt], sampling, owners=["root"])
     assert eng.stats.model_calls == 0  # refused before any forward
-    need = int(info.value.args[0].split("at least ")[1].split(" bytes")[0])
+    need = _named_minimum(info.value)
     n = len(eng.tokenize(prompt))
-    assert need == -(-n // eng.store.block_size) * eng.store.block_bytes
+    # the pinned prompt's blocks, and the batch buffer that computes it (prompt + 8 new tokens)
+    assert need == -(-n // eng.store.block_size) * eng.store.block_bytes + (n + 8) * tiny_lm.kv_bytes_per_token
+    with pytest.raises(CacheBudgetError):
+        engine(need - 1).generate([prompt], sampling, owners=["root"])
     eng = engine(need)  # exactly the minimum is enough, and the pinned prompt stays cached
     out = eng.generate([prompt], sampling, owners=["root"])
     ref = Engine(tiny_lm, RKSCConfig()).generate([prompt], sampling)
     assert out[0].token_ids == ref[0].token_ids
-    assert eng.store.bytes_held == need
+    assert eng.store.bytes_held == -(-n // eng.store.block_size) * eng.store.block_bytes
     again = eng.generate([prompt + " and"], sampling)
     assert again[0].reused_tokens == n and eng.stats.recomputed_tokens == 0
     eng.store.check_invariants()
@@ -221,7 +243,7 @@ def test_tight_budget_search_returns_the_same_tree_as_an_unbounded_one(tiny_lm):
         assert (a is None and b is None) or abs(a - b) <= 1e-4
     assert tight.stats["evicted_blocks"] > 0 and tight.stats["recomputed_tokens"] > 0
     assert full.stats["evicted_blocks"] == 0 and full.stats["recomputed_tokens"] == 0
-    assert s.engine.store.peak_held <= budget
+    assert s.engine.store.peak_bytes <= budget
     s.engine.store.check_invariants()
 
 
@@ -232,8 +254,9 @@ _UNBOUNDED: dict = {}
 @given(fraction=st.floats(0.0, 1.2), chain=st.booleans(), breadth=st.integers(1, 3))
 def test_any_budget_gives_the_unbounded_tree_or_refuses_at_the_start(tiny_lm, fraction, chain, breadth):
     """Eviction never changes a result: for any budget, the search either finds the unbounded
-    tree (scores within 1e-4, bytes held never above the budget) or, below the root prompt's
-    blocks, refuses before any forward."""
+    tree (scores within 1e-4, all K/V -- cache and batch buffers -- never above the budget) or
+    stops before a call that cannot fit, naming a larger minimum, with the nodes found so far
+    those of the unbounded tree."""
     from reliability_problems import Words
 
     problem = Words(width=2, depth=3, max_new_tokens=5, chain=chain, pad=3, value_pad=3)
@@ -249,16 +272,18 @@ def test_any_budget_gives_the_unbounded_tree_or_refuses_at_the_start(tiny_lm, fr
     budget = max(1, int(fraction * full.stats["peak_kv_bytes"]))
     try:
         s, tight = run(budget)
-    except CacheBudgetError as exc:
-        assert exc.partial_result.stats["model_calls"] == 0
-        need = int(str(exc).split("at least ")[1].split(" bytes")[0])
-        assert budget < need
+    except CacheBudgetError as exc:  # refused before the call that cannot fit; nothing found is lost
+        assert _named_minimum(exc) > budget
+        part = exc.partial_result.tree
+        assert all((part.parent(n), part.node(n)["thought"]) == (full.tree.parent(n), full.tree.node(n)["thought"])
+                   for n in part.graph)
+        assert fraction < 1.0  # the unbounded run's peak is always enough
         return
     assert _signature(tight.tree) == _signature(full.tree)
     for n in full.tree.graph:
         a, b = full.tree.node(n)["score"], tight.tree.node(n)["score"]
         assert (a is None and b is None) or abs(a - b) <= 1e-4
-    assert s.engine.store.peak_held <= budget
+    assert s.engine.store.peak_bytes <= budget
     s.engine.store.check_invariants()
 
 
@@ -282,5 +307,5 @@ def test_game24_search_at_a_quarter_of_its_peak_kv_is_the_unbounded_search(real_
     st = tight.stats
     assert st["recomputed_tokens"] == 87 and st["prefill_tokens"] == 753
     assert st["recomputed_tokens"] <= 0.15 * st["prefill_tokens"]
-    assert s.engine.store.peak_held <= s.engine.store.budget
+    assert s.engine.store.peak_bytes <= s.engine.store.budget
     s.engine.store.check_invariants()

@@ -75,7 +75,7 @@ def test_solve_with_a_budget_below_the_root_prompt_fails_in_one_line_naming_the_
                           "--no-progress", "--cache-budget", "1000"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
-    assert out.stderr.startswith("treesearch: error: cache_budget=1000 bytes cannot hold")
+    assert out.stderr.startswith("treesearch: error: cache_budget=1000 bytes cannot run this call")
     assert "raise --cache-budget to at least" in out.stderr
 
 

@@ -1,24 +1,28 @@
 """The cache manager: what K/V is resident in the store, and why.
 
 It alone reads the store's budget and segments. For each engine call it plans the rows: each
-row's longest cached prefix (`lookup`), trimmed under a budget to what can be held at once; runs
+row's longest cached prefix (`lookup`); how many rows run at once under a budget (`plan`); runs
 of new tokens that several rows share, computed once before the batch (`share_runs`); and the
 residency of every chain the batch attends over (`hold`), recomputing evicted segments from their
 nearest resident ancestor. After the call's forwards it stores the K/V they computed (`store_kv`).
-It keeps owners and pins (thought-tree nodes holding contexts; the root prompt pinned) and counts
-the prompt contexts that ran through each segment, so `new_search` keeps the last search's prompts.
+It keeps owners and pins (thought-tree nodes holding contexts; root prompts pinned) and counts,
+per search, the prompt contexts that ran through each segment, so that when a search ends the
+cache keeps what its prompts and the live searches' prompts use (few-shot templates) and forgets
+the rest (`end_search`).
 
-Budget rules (see `treesearch.kvstore` and `treesearch.rsbcm`): a call first checks that what must
-stay cached fits (the pinned root prompt; else `CacheBudgetError` naming the minimum). Each row's
-cached chain is trimmed to what the budget can hold at once, down to whole blocks of a segment (the
-rest is computed again, counted in `stats.recomputed_tokens`), and pinned until the call returns.
-The K/V a call computes in passing (new prompt tokens, generated tokens) is optional: it is kept,
-whole or its first blocks, only in room that displaces nothing owned; what does not fit is kept as
-tokens, recomputed if ever needed. So the cache never holds more than the budget, a budget holding
-only the root prompt still runs any search, and the result is the unbounded one.
+Budget rules (see `treesearch.kvstore` and `treesearch.rsbcm`): the budget bounds all K/V, the
+running batch's own buffer included (`reserve`: a batch is counted before it is allocated). A call
+first checks that the budget can hold what must stay cached (pinned root prompts) plus any one
+row's context and buffer (else `CacheBudgetError` naming the minimum, before any forward); `plan`
+then splits the rows into batches that fit, and a batch that still finds too little room when it
+reserves its buffer is split again (a row waits for room, which finished batches and eviction
+make). The K/V a call computes in passing (new prompt tokens, generated tokens) is optional: it is
+kept, whole or its first blocks, only in room that displaces nothing owned; what does not fit is
+kept as tokens, recomputed if ever needed (`stats.recomputed_tokens`). Results never depend on
+the budget.
 
 Model work goes through the `compute` function the engine gives (chains, new tokens, starts ->
-the batch holding their K/V); this module runs no model itself.
+each row's new K/V); this module runs no model itself.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from .rsbcm import Priority, RSBCMPolicy
 from .stats import Stats, distinct
 
 Handle = tuple[Segment, int]  # a context end in the KV store: (segment, used tokens)
-Compute = Callable[[list[Chain], list[list[int]], list[int], list[Stats]], BatchKV]
+Compute = Callable[[list[Chain], list[list[int]], list[int], list[Stats]], list[Any]]  # -> K/V per row
 
 
 @dataclass
@@ -47,9 +51,16 @@ class Row:
     matched: int = 0  # tokens served from the cache (the chain's length)
     asks_ref: int | None = None  # row (in this batch) whose K/V this row attached to
     asks_sigma: float | None = None
-    cut: int = 0  # cached tokens this row computes again because the budget cannot hold them now
+    bare: bool = False  # attend over no cached prefix: compute the whole prompt (a budget too small for both)
+    cut: int = 0  # cached tokens a bare row computes again (counted as recomputed)
     must_store: bool = False  # its prompt's K/V must be cached (a pinned owner's, e.g. the root's)
     stats: Stats | None = None  # where the work done for this row is counted (its search's)
+    search: Hashable = None  # the search it belongs to (its prompt counts are kept per search)
+
+
+def bare_copy(r: Row) -> Row:
+    """The row computed without its cached prefix (what a budget too small for both runs)."""
+    return Row(ids=r.ids, bare=True, cut=r.matched, must_store=r.must_store, stats=r.stats, search=r.search)
 
 
 def _ceil(n: int, d: int) -> int:
@@ -69,7 +80,7 @@ class CacheManager:
         self.store = KVStore(bytes_per_token, config.block_size, budget=config.cache_budget, policy=self.policy)
         self._call_pins: list[Chain] = []  # chains pinned for the running engine call
         self._prompt_pins: set = set()  # owners whose prompts are pinned (pin_owner)
-        self._prompt_hits: dict[int, int] = {}  # segment id -> prompt contexts of this search through it
+        self._prompt_hits: dict[int, set] = {}  # segment id -> searches whose prompt contexts ran through it
         self._evicted_seen = 0  # store.evicted_blocks already counted in some Stats
 
     # -- owners and priority (RSBCM) ----------------------------------------------------------------
@@ -97,21 +108,30 @@ class CacheManager:
     def prompt_pinned(self, owner: Hashable | None) -> bool:
         return owner is not None and owner in self._prompt_pins
 
-    def new_search(self) -> None:
-        """Release every owner and keep only the K/V that prompt contexts ran through."""
+    def new_search(self, last: Hashable = None) -> None:
+        """Between searches run one after another: release every owner, keep only the K/V that
+        the last search's prompt contexts ran through, and start the counters afresh."""
         for owner in self.store.owners():
             self.store.release(owner)
         self._prompt_pins.clear()
-        hits = self._prompt_hits
-        self.store.keep_only(lambda seg: hits.get(seg.id, 0) > 0)
-        self._prompt_hits = {}
+        self.end_search(last, live=set())
+        self.store.reset_counters()
         self._evicted_seen = 0
 
-    def count_prompt(self, end: Handle) -> None:
-        """One more prompt context ran through the segments ending at `end`."""
+    def end_search(self, key: Hashable, live: set) -> None:
+        """Search `key` has ended and released its owners: forget the segments that no owner
+        holds and that no prompt of it or of a `live` search ran through. So the cache holds the
+        live searches' contexts plus the prompts (templates) of the search that ended last."""
+        keep = set(live) | {key}
+        hits = self._prompt_hits
+        self.store.forget_unused(lambda seg: bool(hits.get(seg.id, set()) & keep))
+        self._prompt_hits = {i: k & keep for i, k in hits.items() if i in self.store.segments and k & keep}
+
+    def count_prompt(self, end: Handle, search: Hashable = None) -> None:
+        """One more prompt context of `search` ran through the segments ending at `end`."""
         seg, used = end
         for s, _ in seg.context_chain(used):
-            self._prompt_hits[s.id] = self._prompt_hits.get(s.id, 0) + 1
+            self._prompt_hits.setdefault(s.id, set()).add(search)
 
     def pin_prompts(self, ends: list[Handle | None], owners: list[Any] | None) -> None:
         """The prompt-pinned owners among `owners` hold their prompts' contexts."""
@@ -142,13 +162,18 @@ class CacheManager:
         """The K/V tensors a row attends over (its chain must be resident)."""
         return [(seg.kv, used) for seg, used in chain]
 
-    def note_peak(self, batch_bytes: int = 0) -> None:
-        """Record the store's bytes plus a running batch's own buffer."""
-        self.store.note_peak(batch_bytes)
+    def reserve(self, nbytes: int) -> None:
+        """Count a running batch's own K/V buffer against the budget (evicting to make room)."""
+        self.store.reserve(nbytes)
+
+    def unreserve(self, nbytes: int) -> None:
+        self.store.unreserve(nbytes)
 
     def report_peak(self, charge: Sequence[Stats]) -> None:
+        """Each search's peaks: all K/V at once (cache + batch buffers) and the cache alone."""
         for st in distinct(charge):
             st.peak_kv_bytes = max(st.peak_kv_bytes, self.store.peak_bytes)
+            st.peak_store_bytes = max(st.peak_store_bytes, self.store.peak_held)
 
     def fits_free(self, token_runs: list[int]) -> bool:
         """Whether new runs of these token counts fit in room that displaces nothing owned."""
@@ -157,8 +182,7 @@ class CacheManager:
 
     # -- planning a call ------------------------------------------------------------------------------
     def prepare(self, rows: list[Row]) -> None:
-        """Check the budget, look every row up and compute shared runs once."""
-        self.check_budget(rows)
+        """Look every row up and compute shared runs once."""
         self.lookup(rows)
         self.share_runs(rows)
 
@@ -171,61 +195,64 @@ class CacheManager:
         for r in rows:
             (r.stats or self.stats).recomputed_tokens += r.cut
 
-    def check_budget(self, rows: list[Row]) -> None:
-        """Fail before any work when the budget cannot hold what must stay cached: the pinned
-        segments plus the context and prompt K/V of rows whose prompts are pinned (the root's).
-        Everything else is optional: `lookup` trims chains to what fits, and K/V that does not
-        fit is not cached (its tokens are, so it is recomputed on demand)."""
-        store = self.store
-        budget = store.budget
-        if budget is None:
-            return
-        chains: Chain = []
-        blocks = 0
-        for r in rows:
-            if r.must_store:
-                chain, matched = store.lookup(r.ids)
-                chains += chain
-                blocks += _ceil(len(r.ids) - matched, store.block_size)
-        need = store.pinned_bytes(chains) + blocks * store.block_bytes
-        if need > budget:
-            raise CacheBudgetError(
-                f"cache_budget={budget} bytes cannot hold the K/V that must stay cached (the root prompt and "
-                f"other pinned segments): at least {need} bytes ({need // store.bytes_per_token} tokens of "
-                f"K/V in blocks of {store.block_size}); raise --cache-budget to at least {need}")
-
     def lookup(self, rows: list[Row]) -> None:
-        """Each row's longest cached prefix, trimmed under a budget to what can be held at once
-        (pinned segments + the rows' chains + the must-store rows' new blocks); a row whose chain
-        is trimmed computes the rest again (`cut`, counted as recomputed)."""
-        store = self.store
+        """Each row's longest cached prefix (its chain), leaving at least one token to compute:
+        its logits start the row's decoding or scoring. A bare row takes none (`cut` = what it
+        could have reused)."""
         for r in rows:
-            # keep at least one token per row to compute: its logits start the row's decoding
-            r.chain, r.matched = store.lookup(r.ids, limit=len(r.ids) - 1)
-            r.cut = 0
-        if store.budget is None:
+            chain, matched = self.store.lookup(r.ids, limit=len(r.ids) - 1)
+            r.chain, r.matched, r.cut = ([], 0, matched) if r.bare else (chain, matched, 0)
+
+    def need_bytes(self, rows: list[Row], extra: int, must: Sequence[Row] = ()) -> int:
+        """All K/V a batch of these (looked-up) rows holds at once: what is pinned now, the
+        chains of the rows and of `must` (rows whose prompts stay cached) made resident, the new
+        blocks of every must-store row, and the batch buffer (rows x (longest new part + extra))."""
+        store = self.store
+        keep = list({id(r): r for r in [*must, *(r for r in rows if r.must_store)]}.values())
+        chains: Chain = [p for r in [*rows, *keep] for p in r.chain]
+        blocks = sum(_ceil(len(r.ids) - r.matched, store.block_size) for r in keep)
+        longest = max((len(r.ids) - r.matched for r in rows), default=0)
+        return (store.pinned_bytes(chains) + blocks * store.block_bytes
+                + len(rows) * (longest + extra) * store.bytes_per_token)
+
+    def check_budget(self, rows: list[Row], extra: int) -> None:
+        """Fail before any work when the budget cannot run every row: what must stay cached (the
+        pinned prompts, and the new prompt K/V of rows whose prompts are pinned) plus the largest
+        need of any one row alone (its context and its batch buffer)."""
+        budget = self.store.budget
+        if budget is None or not rows:
             return
-        bs = store.block_size
-        upto = {s: s.resident_len for s in store.segments.values() if s.pins > 0}  # tokens held per segment
-        used = sum(store.tokens_bytes(n) for n in upto.values())
-        used += sum(store.tokens_bytes(len(r.ids) - r.matched) for r in rows if r.must_store)
-        for r in sorted(rows, key=lambda r: not r.must_store):
-            keep: Chain = []
-            for seg, u in r.chain:
-                have = upto.get(seg, 0)
-                base = max(have, seg.resident_len)  # pinning a segment holds all of its resident blocks
-                room = (store.budget - used) // store.block_bytes * store.block_bytes + store.tokens_bytes(have)
-                fit = min(u, max(base, room // store.block_bytes * bs)) if store.tokens_bytes(base) <= room else 0
-                if fit > 0:
-                    used += store.tokens_bytes(max(fit, base)) - store.tokens_bytes(have)
-                    upto[seg] = max(fit, base)
-                    keep.append((seg, fit))
-                if fit < u:
-                    break
-            if keep != r.chain:
-                matched = keep[-1][0].start + keep[-1][1] if keep else 0
-                r.cut = r.matched - matched
-                r.chain, r.matched = keep, matched
+        must = [r for r in rows if r.must_store]
+        need = max(min(self.need_bytes([r], extra, must), self.need_bytes([bare_copy(r)], extra, must))
+                   for r in rows)
+        if need > budget:
+            bpt = self.store.bytes_per_token
+            raise CacheBudgetError(
+                f"cache_budget={budget} bytes cannot run this call: the pinned prompts and one row's context and "
+                f"batch buffer need at least {need} bytes ({need // bpt} tokens of K/V at {bpt} bytes each); "
+                f"raise --cache-budget to at least {need}, or run fewer searches at once")
+
+    def plan(self, rows: list[Row], extra: int, max_batch: int) -> list[list[int]]:
+        """Split the rows (in order) into batches of at most max_batch whose K/V fits the budget
+        together with every row whose prompt must stay cached (`need_bytes`); without a budget,
+        batches of max_batch."""
+        must = [r for r in rows if r.must_store]
+        budget = self.store.budget
+        for r in rows:  # a row whose cached context and buffer cannot fit together runs bare
+            if budget is not None and self.need_bytes([r], extra, must) > budget >= self.need_bytes(
+                    [bare_copy(r)], extra, must):
+                r.bare, r.chain, r.matched = True, [], 0
+        out: list[list[int]] = []
+        cur: list[int] = []
+        for i, r in enumerate(rows):
+            if cur and (len(cur) == max_batch or (self.store.budget is not None and self.need_bytes(
+                    [rows[j] for j in cur] + [r], extra, must) > self.store.budget)):
+                out.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            out.append(cur)
+        return out
 
     def share_runs(self, rows: list[Row]) -> None:
         """Compute once the new-token runs that several rows share, then look the rows up again."""
@@ -256,10 +283,10 @@ class CacheManager:
                 return
             for run in runs:
                 self.ensure_resident(run[0], charge=run[4])
-            batch = self.compute([r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs],
-                                 [r[4] for r in runs])
-            for b, (_, toks, start, ids, charge) in enumerate(runs):
-                self.insert(ids, start, batch.row_kv(b, 0, len(toks)), charge=charge)
+            kvs = self.compute([r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs],
+                               [r[4] for r in runs])
+            for kv, (_, toks, start, ids, charge) in zip(kvs, runs):
+                self.insert(ids, start, kv, charge=charge)
             self.lookup(rows)
 
     # -- storing and residency --------------------------------------------------------------------------
@@ -328,7 +355,6 @@ class CacheManager:
                 new = known[1][:, :, :, lo - known[0]:hi - known[0]]
             else:
                 prefix = list(chain[:i]) + ([(seg, have)] if have else [])
-                batch = self.compute([prefix], [list(seg.tokens[have:used])], [lo], [charge])
-                new = batch.row_kv(0, 0, used - have)
+                new = self.compute([prefix], [list(seg.tokens[have:used])], [lo], [charge])[0]
                 charge.recomputed_tokens += used - have
             self.store.refill(seg, torch.cat([seg.kv, new], dim=3) if have else new)

@@ -34,10 +34,12 @@ Protocol (enforced here with asserts naming the segment; relied on by the engine
 5. Residency is closed under ancestors: only a resident, unpinned segment without resident
    children (a leaf of the resident tree) is evictable, so a resident segment's context is always
    resident or the store root (a resident child's parent is resident at least up to parent_len).
-6. Budget: `bytes_held` (resident blocks x block bytes) never exceeds `budget`. `refill` first
-   calls `make_room`, which evicts evictable segments in increasing `policy(segment)` key order
-   (the policy lives in `treesearch.rsbcm`; this loop knows nothing of scores). When nothing more
-   can be evicted, `CacheBudgetError` says how many bytes were needed.
+6. Budget: `bytes_held` (resident blocks x block bytes) plus `reserved` (the K/V buffers of
+   running batches, `reserve` / `unreserve`) never exceeds `budget`: the budget bounds all K/V
+   memory, not only the cache. `refill` and `reserve` first call `make_room`, which evicts
+   evictable segments in increasing `policy(segment)` key order (the policy lives in
+   `treesearch.rsbcm`; this loop knows nothing of scores). When nothing more can be evicted,
+   `CacheBudgetError` says how many bytes were needed.
 7. `last_use` is a logical clock (lookup and insert tick it), never wall time.
 """
 
@@ -118,8 +120,9 @@ class KVStore:
         self._held: dict[Hashable, set[Segment]] = {}  # owner -> segments it holds
         self._pinned_owners: set[Hashable] = set()
         self.bytes_held = 0
-        self.peak_held = 0  # highest bytes_held ever (store only; <= budget)
-        self.peak_bytes = 0  # highest bytes_held + transient batch bytes noted by the engine
+        self.reserved = 0  # bytes of running batches' own K/V buffers, counted against the budget
+        self.peak_held = 0  # highest bytes_held ever (the cache alone)
+        self.peak_bytes = 0  # highest bytes_held + reserved ever (all K/V; <= budget)
         self.evicted_blocks = 0
         self.eviction_log: list[int] = []  # block ids in the order they were evicted
 
@@ -229,8 +232,20 @@ class KVStore:
                 self.unpin(path)
             self.bytes_held += add
             self.peak_held = max(self.peak_held, self.bytes_held)
-            self.peak_bytes = max(self.peak_bytes, self.bytes_held)
+            self.peak_bytes = max(self.peak_bytes, self.bytes_held + self.reserved)
         seg.kv = kv.contiguous()
+
+    def reserve(self, nbytes: int) -> None:
+        """Count a running batch's own K/V buffer (nbytes) against the budget, evicting to make
+        room first (CacheBudgetError when pinned segments leave too little)."""
+        self.make_room(nbytes)
+        self.reserved += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.bytes_held + self.reserved)
+
+    def unreserve(self, nbytes: int) -> None:
+        """A batch buffer counted by `reserve` is gone."""
+        assert 0 <= nbytes <= self.reserved, f"unreserve({nbytes}) with only {self.reserved} reserved"
+        self.reserved -= nbytes
 
     def evict(self, seg: Segment) -> int:
         """Drop a segment's K/V (its tokens stay); returns bytes freed."""
@@ -257,17 +272,18 @@ class KVStore:
 
     def make_room(self, nbytes: int) -> list[Segment]:
         """Evict lowest-priority evictable segments until `nbytes` more fit in the budget."""
-        if self.budget is None or self.bytes_held + nbytes <= self.budget:
+        if self.budget is None or self.bytes_held + self.reserved + nbytes <= self.budget:
             return []
         heap = [(self.policy(s), s.id, s) for s in self.evictable()]
         heapq.heapify(heap)
         evicted = []
-        while self.bytes_held + nbytes > self.budget:
+        while self.bytes_held + self.reserved + nbytes > self.budget:
             if not heap:
                 raise CacheBudgetError(
                     f"cache_budget={self.budget} bytes cannot hold {nbytes} more bytes: {self.bytes_held} are held "
-                    f"by pinned segments (the running batch); raise --cache-budget to at least "
-                    f"{self.bytes_held + nbytes} or run smaller batches")
+                    f"by pinned segments (the running batch's context and pinned prompts) and {self.reserved} by "
+                    f"running batch buffers; raise --cache-budget to at least "
+                    f"{self.bytes_held + self.reserved + nbytes} or run fewer searches at once")
             _, _, s = heapq.heappop(heap)
             self.evict(s)
             evicted.append(s)
@@ -354,29 +370,24 @@ class KVStore:
         owner holds, which `make_room` evicts first) is evicted; inf without a budget."""
         if self.budget is None:
             return float("inf")
-        return self.budget - self.bytes_held + self.reclaimable_bytes(free_only=free_only)
+        return self.budget - self.bytes_held - self.reserved + self.reclaimable_bytes(free_only=free_only)
 
     def can_hold(self, nbytes: int, *, free_only: bool = False) -> bool:
         """Whether `nbytes` more fit (see `room`). Checked before storing optional K/V, so a full
         cache skips caching instead of failing."""
         return nbytes <= self.room(free_only=free_only)
 
-    def note_peak(self, extra_bytes: int = 0) -> None:
-        """Record a peak including transient bytes (a running batch's own K/V)."""
-        self.peak_bytes = max(self.peak_bytes, self.bytes_held + extra_bytes)
-
     def owners(self) -> list[Hashable]:
         """Every owner holding something now."""
         return list(self._held)
 
-    def keep_only(self, keep: Callable[[Segment], bool]) -> None:
-        """Forget every segment (K/V and tokens) except the resident ones `keep` accepts and their
-        context; between searches, when no owner holds anything and nothing is pinned."""
-        assert not self._held and all(s.pins == 0 for s in self.segments.values()), \
-            "keep_only needs a store with no owners and no pins (release them first)"
+    def forget_unused(self, keep: Callable[[Segment], bool]) -> None:
+        """Forget every segment (K/V and tokens) that no owner holds, nothing pins and `keep`
+        refuses, unless a segment kept for one of those reasons continues it (its context stays).
+        Between searches, or when one of several concurrent searches ends."""
         kept: set[int] = set()
         for s in self.segments.values():
-            if s.kv is not None and keep(s):
+            if s.owners or s.pins > 0 or (s.kv is not None and keep(s)):
                 p = s
                 while p is not None and p.parent is not None and p.id not in kept:
                     kept.add(p.id)
@@ -388,7 +399,11 @@ class KVStore:
             s.kv = None
             s.parent.children.pop((s.parent_len, s.tokens[0]), None)
             del self.segments[s.id]
-        self.peak_held = self.peak_bytes = self.bytes_held
+
+    def reset_counters(self) -> None:
+        """Start the peaks and eviction counts afresh (a new search on a warm store)."""
+        self.peak_held = self.bytes_held
+        self.peak_bytes = self.bytes_held + self.reserved
         self.evicted_blocks = 0
         self.eviction_log = []
 
@@ -400,7 +415,8 @@ class KVStore:
         held = sum(self.resident_bytes(s) for s in self.segments.values() if s.kv is not None)
         assert held == self.bytes_held, f"bytes_held {self.bytes_held} != recomputed {held}"
         if self.budget is not None:
-            assert self.bytes_held <= self.budget, f"bytes_held {self.bytes_held} > budget {self.budget}"
+            assert self.bytes_held + self.reserved <= self.budget, \
+                f"bytes_held {self.bytes_held} + reserved {self.reserved} > budget {self.budget}"
         holders: dict[int, set] = {}
         for owner, segs in self._held.items():
             for s in segs:

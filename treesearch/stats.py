@@ -19,6 +19,9 @@ class Stats:
     recomputed_tokens: prefill of tokens whose K/V had been computed before but was not cached
     when needed (evicted, or never kept under the budget); part of prefill_tokens.
     evicted_blocks: blocks of K/V dropped to stay under cache_budget.
+    peak_kv_bytes: the most K/V held at once: the cache's blocks plus the running batches' own
+    buffers (within cache_budget); peak_store_bytes: the cache's blocks alone. With several
+    searches on one engine, both are the engine's peaks while the search ran.
     label_floor_hits: labels scored by a server (`treesearch.server`) whose first token was not in
     the server's top-k log-probabilities and got the floor probability instead.
     """
@@ -42,6 +45,7 @@ class Stats:
     recomputed_tokens: int = 0
     label_floor_hits: int = 0
     peak_kv_bytes: int = 0
+    peak_store_bytes: int = 0
     wall_s: float = 0.0
     verify_s: float = 0.0  # wall seconds spent in LM verification (valuation) calls, CGEE included
 
@@ -66,3 +70,12 @@ def distinct(charge: Sequence[Stats]) -> list[Stats]:
     for st in charge:
         seen.setdefault(id(st), st)
     return list(seen.values())
+
+
+def per_row(n: int, stats: Stats | Sequence[Stats] | None, default: Stats) -> list[Stats]:
+    """The Stats each of n prompts is counted in: one for all (default when None) or one per prompt."""
+    if stats is None or isinstance(stats, Stats):
+        return [stats or default] * n
+    if len(stats) != n:
+        raise ValueError(f"stats has {len(stats)} entries for {n} prompts; give one per prompt")
+    return list(stats)
