@@ -61,16 +61,19 @@ def _lcs(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def pair_rows(ids: Sequence[Sequence[int]], matched: Sequence[int], min_suffix: int = 2) -> list[Pair]:
+def pair_rows(ids: Sequence[Sequence[int]], matched: Sequence[int], min_suffix: int = 2,
+              groups: Sequence[Any] | None = None) -> list[Pair]:
     """For each row, the earlier non-candidate row it could attach to (longest common suffix,
-    then earliest). Both rows must compute part of the span in this call (not all cached)."""
+    then earliest). Both rows must compute part of the span in this call (not all cached).
+    groups[i]: row i pairs only with rows of its own group (the rows of one search, so that a
+    search's result never depends on the searches batched with it)."""
     pairs: list[Pair] = []
     refs: list[int] = []
     for i, a in enumerate(ids):
         best: Pair | None = None
         for j in refs:
             b = ids[j]
-            if len(b) != len(a) or a == b:
+            if len(b) != len(a) or a == b or (groups is not None and groups[i] != groups[j]):
                 continue
             s = _lcs(a, b)
             p = _lcp(a, b)
@@ -132,7 +135,7 @@ class Gate:
         reference's K/V for the suffix (all but the last token). rows: `treesearch.kvcache.Row`s
         already looked up (each counted in its row's stats); cache: their `CacheManager`;
         prefill(chains, news, starts, charge, capture=list) -> (batch, _) runs the model."""
-        pairs = pair_rows([r.ids for r in rows], [r.matched for r in rows])
+        pairs = pair_rows([r.ids for r in rows], [r.matched for r in rows], groups=[r.search for r in rows])
         if not pairs:
             return
         cand = {p.row: p for p in pairs}

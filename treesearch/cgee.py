@@ -235,6 +235,15 @@ class LayerExit:
         self.t = thresholds
         self._prev: np.ndarray | None = None
 
+    def merge_key(self) -> tuple:
+        """Rules with equal keys decide every row alike, so the calls of several searches may
+        share one (`treesearch.batching`)."""
+        return ("LayerExit", self.t)
+
+    def fresh(self) -> LayerExit:
+        """An equivalent rule that remembers no row."""
+        return LayerExit(self.t)
+
     def __call__(self, layer: int, probs: torch.Tensor) -> torch.Tensor:
         import torch
 

@@ -1,4 +1,4 @@
-"""Command line: `treesearch solve TASK INPUT`, `treesearch bench`, `treesearch calibrate`.
+"""Command line: `treesearch solve TASK INPUT`, `treesearch run TASK`, `treesearch bench`, `treesearch calibrate`.
 
 Every argument is checked before the model loads (`treesearch.preflight`); a bad one is reported
 in one line, `treesearch: error: ...`, with exit status 2. Heavy libraries (torch, transformers)
@@ -17,33 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TreeSearchError, UsageError
-from .preflight import ArgumentParser, check_bench, check_solve, one_line, strategy_names, task_names
+from .preflight import ArgumentParser, check_bench, check_solve, one_line, task_names
 from .backend_cli import add_backend_args, backend_from_args
-
-
-def _add_search_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="HF model folder or cached id (default: embedded SmolLM2-135M-Instruct; 'tiny' for a random test model)")
-    p.add_argument("--device", default=None, help="torch device (default cpu)")
-    p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch CPU threads for the run (default: torch's own; 1 is faster on a busy machine)")
-    p.add_argument("--kv", default="exact", choices=["off", "exact", "asks"], help="KV sharing mode (default exact)")
-    p.add_argument("--cache-budget", type=int, default=None, metavar="BYTES", help="KV cache budget in bytes (default unbounded)")
-    p.add_argument("--cgee", default="off", choices=["on", "off"], help="CGEE early exit for verification")
-    p.add_argument("--cgee-measure", action="store_true", help="run every verification both ways and count disagreements")
-    p.add_argument("--strategy", default="bfs", help=f"one of {', '.join(strategy_names())} (default bfs)")
-    p.add_argument("--breadth", type=int, default=5, help="BFS/beam: states kept per step (default 5)")
-    p.add_argument("--depth", type=int, default=None, help="depth limit (default: the task's)")
-    p.add_argument("--iterations", type=int, default=None, help="MCTS iterations")
-    p.add_argument("--exploration", type=float, default=None, help="MCTS exploration constant")
-    p.add_argument("--threshold", type=float, default=None, help="DFS: prune below this value")
-    p.add_argument("--max-states", type=int, default=None, help="DFS: state budget")
-    p.add_argument("--temperature", type=float, default=None,
-                   help="0 = greedy (default: the task's own; game24 is greedy, gsm8k samples at 0.7)")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (default: the task's own)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write answer, stats and tree as JSON")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+from .search_flags import add_search_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
     solve.add_argument("--max-nodes", type=int, default=60, help="nodes shown in the text view")
     solve.add_argument("--resume", default=None, metavar="PATH",
                        help="continue the search saved at PATH (written when a search stops on an error or Ctrl-C)")
-    _add_search_flags(solve)
+    add_search_flags(solve)
+    solve.add_argument("--json", dest="json_path", default=None, metavar="PATH",
+                       help="write answer, stats and tree as JSON")
+    from .run_cli import add_run_parser
+
+    add_run_parser(sub)
     # bench and calibrate parse their own arguments (main hands them over as given); listed for --help
     sub.add_parser("bench", help="benchmark KV modes side by side (treesearch bench --help)", add_help=False)
     sub.add_parser("calibrate", help="calibrate CGEE thresholds (treesearch calibrate --help)", add_help=False)
@@ -200,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if argv[:1] and argv[0] in HANDED_OVER:
                 return HANDED_OVER[argv[0]](argv[1:])
-            return cmd_solve(build_parser().parse_args(argv))
+            args = build_parser().parse_args(argv)
+            if args.command == "run":
+                from .run_cli import cmd_run
+
+                return cmd_run(args)
+            return cmd_solve(args)
         except UsageError as exc:
             print(f"treesearch: error: {exc}", file=sys.stderr)
             return 2

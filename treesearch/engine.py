@@ -11,13 +11,20 @@ One call works in three phases:
    attending over its cached chain in place (`treesearch.attention`);
 3. decode (generate only): one token per row per step until EOS, a stop string or max tokens.
 The K/V of each row's new prompt tokens and of its fed-back generated tokens is kept (exact
-mode), so a child's context never recomputes its parent's. `stats.peak_kv_bytes` counts the
-store's blocks plus the running batch's own buffer, the most K/V held at once.
+mode), so a child's context never recomputes its parent's. Every batch buffer is counted against
+the cache budget before it is allocated (`CacheManager.reserve`), so `stats.peak_kv_bytes` (the
+store's blocks plus the running buffers, the most K/V held at once) stays within the budget.
+
+Searches: one after another (`new_search`, counted in `self.stats`), or several at once, each
+with its own `Stats` (`begin_search` / `end_search`), whose rows may share one call (`stats=`
+per prompt): each row's work is counted in its own search's Stats.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,15 +33,24 @@ from . import asks
 from .backend import FEATURES, Generation, Score
 from .cgee import RowExits, token_offsets
 from .config import RKSCConfig, Sampling
-from .errors import ContextTooLongError, ProblemDefinitionError
+from .errors import CacheBudgetError, ContextTooLongError, ProblemDefinitionError
 from .forward import Forward, cut_at_stop
 from .kvcache import CacheManager, Handle, Row
 from .kvstore import Chain, KVStore
 from .rsbcm import Priority
 from .model import LanguageModel
 from .seeds import stable_seed
-from .stats import Stats, distinct
+from .stats import Stats, distinct, per_row
 from .tokens import TokenMemory, TokenTrie, label_token_ids
+
+
+@dataclass
+class _Search:
+    """What the engine keeps per search: its counters, its key, the distinct contexts it saw."""
+
+    stats: Stats
+    key: int
+    unique: TokenTrie = field(default_factory=TokenTrie)
 
 
 class Engine:
@@ -51,7 +67,8 @@ class Engine:
                                   share_min_tokens=share_min_tokens)
         self.asks = asks.Gate(self.config.asks_alpha, self.config.asks_tau)
         self.tokens = TokenMemory(lm.tokenizer)
-        self._unique: dict[int, tuple[Stats, TokenTrie]] = {}  # id(Stats) -> (it, its search's distinct contexts)
+        self._serial = itertools.count()
+        self._searches: dict[int, _Search] = {}  # id(Stats) -> its search (holding it keeps the id unique)
         self.name = lm.name
         self.num_layers = lm.num_layers
         self.features = frozenset(FEATURES)
@@ -72,7 +89,7 @@ class Engine:
 
     @property
     def asks_log(self) -> list[dict]:
-        """Every ASKS gate decision of this search: sigma, attached, tokens reused."""
+        """Every ASKS gate decision since the last `new_search`: sigma, attached, tokens reused."""
         return self.asks.log
 
     # -- tokens ----------------------------------------------------------------------------------
@@ -98,11 +115,31 @@ class Engine:
         of the last search's prompts (few-shot templates and prompt heads that the next search's
         prompts start with); generations and older entries are forgotten, so memory stays bounded
         by one search. Results never depend on what is cached; only prefill and reuse counts do."""
-        self.cache.new_search()
+        last = self._searches.pop(id(self.stats), None)
+        self.cache.new_search(last=None if last is None else last.key)
         self.stats.reset()
-        self._unique = {}
         self.asks.log = []
         self._calls = 0
+
+    def begin_search(self) -> Stats:
+        """A search that runs beside others on this engine: returns the Stats its work is counted
+        in (pass it as `stats=` to generate and score)."""
+        stats = Stats()
+        self._search(stats)
+        return stats
+
+    def end_search(self, stats: Stats) -> None:
+        """The search counted in `stats` is over and has released its owners: the cache forgets
+        what neither its prompts nor the live searches' prompts ran through."""
+        done = self._searches.pop(id(stats), None)
+        if done is not None:
+            self.cache.end_search(done.key, live={s.key for s in self._searches.values()})
+
+    def _search(self, stats: Stats) -> _Search:
+        found = self._searches.get(id(stats))
+        if found is None:
+            found = self._searches[id(stats)] = _Search(stats, next(self._serial))
+        return found
 
     def set_priority(self, fn: Priority | None) -> None:
         """Install owner -> omega (see `treesearch.rsbcm`); the Searcher passes score/(depth+1)."""
@@ -123,17 +160,6 @@ class Engine:
         self.cache.pin_owner(owner)
 
     # -- public operations -----------------------------------------------------------------------
-    def forget(self, stats: Stats) -> None:
-        """A search that counted in `stats` is over: drop its distinct-token record."""
-        self._unique.pop(id(stats), None)
-
-    def _charges(self, n: int, stats: Stats | Sequence[Stats] | None) -> list[Stats]:
-        """Per prompt, the Stats its work is counted in (default: the engine's own)."""
-        if stats is None or isinstance(stats, Stats):
-            return [stats or self.stats] * n
-        if len(stats) != n:
-            raise ValueError(f"stats has {len(stats)} entries for {n} prompts; give one per prompt")
-        return list(stats)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[str], sampling: Sampling | None = None, *,
@@ -145,14 +171,14 @@ class Engine:
         sampling = sampling or Sampling()
         if not prompts:
             return []
-        charge = self._charges(len(prompts), stats)
+        charge = per_row(len(prompts), stats, self.stats)
         self._calls += 1
         for st in distinct(charge):
             st.generate_calls += 1
         if seeds is None:
             seeds = [stable_seed(sampling.seed, self._calls, i) for i in range(len(prompts))]
-        return self._chunked(prompts, owners, charge, lambda p, o, c, lo, hi: self._generate_batch(
-            p, sampling, list(seeds[lo:hi]), o, c))
+        return self._batched(prompts, owners, charge, sampling.max_new_tokens, lambda rows, o, idx: self._generate_batch(
+            rows, [prompts[i] for i in idx], sampling, [seeds[i] for i in idx], o))
 
     @torch.no_grad()
     def score(self, prompts: Sequence[str], labels: Sequence[str], *, owners: Sequence[Any] | None = None,
@@ -168,65 +194,98 @@ class Engine:
         if not prompts:
             return []
         label_ids = self.label_token_ids(labels)
-        charge = self._charges(len(prompts), stats)
+        charge = per_row(len(prompts), stats, self.stats)
         self._calls += 1
         for st in distinct(charge):
             st.score_calls += 1
-        return self._chunked(prompts, owners, charge, lambda p, o, c, lo, hi: self._score_batch(
-            p, list(labels), label_ids, o, exit_rule, c))
+        return self._batched(prompts, owners, charge, 0, lambda rows, o, idx: self._score_batch(
+            rows, list(labels), label_ids, o, exit_rule))
 
-    def _chunked(self, prompts: Sequence[str], owners: Sequence[Any] | None, charge: list[Stats],
+    def _batched(self, prompts: Sequence[str], owners: Sequence[Any] | None, charge: list[Stats], extra: int,
                  run: Callable) -> list:
-        """Run prompts in batches of at most max_batch; each batch's pins end with it."""
-        out: list = []
-        for lo in range(0, len(prompts), self.max_batch):
-            hi = lo + self.max_batch
+        """Tokenize and check every prompt, then run them in batches that fit: at most max_batch
+        rows, and under a budget only as many as their K/V allows (`CacheManager.plan`); a batch
+        that finds too little room when it starts is split in two. Each batch's pins end with it."""
+        rows = self._rows(prompts, owners, charge, extra)
+        queue = self.cache.plan(rows, extra, self.max_batch)
+        out: list = [None] * len(rows)
+        while queue:
+            idx = queue.pop(0)
             try:
-                rows, results = run(list(prompts[lo:hi]), None if owners is None else list(owners[lo:hi]),
-                                    charge[lo:hi], lo, hi)
+                results = run([rows[i] for i in idx], None if owners is None else [owners[i] for i in idx], idx)
+            except CacheBudgetError:
+                if len(idx) > 1:  # wait for room in smaller batches
+                    queue[:0] = [idx[:len(idx) // 2], idx[len(idx) // 2:]]
+                elif rows[idx[0]].bare or not self.config.shares:
+                    raise
+                else:  # one row whose cached context and buffer do not fit together: compute it whole
+                    rows[idx[0]].bare = True
+                    queue.insert(0, idx)
+                continue
             finally:
-                self.cache.end_call(charge[lo])
-            for res, r in zip(results, rows):
+                self.cache.end_call(charge[idx[0]])
+            for i, res in zip(idx, results):
+                r = rows[i]
                 if r.asks_sigma is not None:
                     res.asks_sigma = r.asks_sigma
-                    res.asks_ref = None if r.asks_ref is None else lo + r.asks_ref
-            out += results
+                    res.asks_ref = None if r.asks_ref is None else idx[r.asks_ref]
+                out[i] = res
         return out
 
     # -- phases ----------------------------------------------------------------------------------
-    def _prepare(self, prompts: list[str], extra_tokens: int, owners: list[Any] | None,
-                 charge: list[Stats]) -> list[Row]:
-        rows = [Row(ids=self.tokenize(p), stats=st) for p, st in zip(prompts, charge)]
+    def _rows(self, prompts: Sequence[str], owners: Sequence[Any] | None, charge: list[Stats], extra: int) -> list[Row]:
+        """The call's rows, tokenized and checked, looked up and checked against the budget."""
+        rows = [Row(ids=self.tokenize(p), stats=st, search=self._search(st).key) for p, st in zip(prompts, charge)]
         for r, owner in zip(rows, owners or []):
             r.must_store = self.cache.prompt_pinned(owner)
         for r, p in zip(rows, prompts):
             if not r.ids:
                 raise ProblemDefinitionError("an empty prompt was given; prompts need at least one token")
-            if len(r.ids) + extra_tokens > self.lm.max_context:
+            if len(r.ids) + extra > self.lm.max_context:
                 raise ContextTooLongError(
-                    f"prompt of {len(r.ids)} tokens + {extra_tokens} new tokens exceeds the model's context of "
+                    f"prompt of {len(r.ids)} tokens + {extra} new tokens exceeds the model's context of "
                     f"{self.lm.max_context}; shorten the prompt or lower max_new_tokens (prompt starts {p[:60]!r})")
         if self.config.shares:
-            self.cache.prepare(rows)
-            if self.config.kv_sharing == "asks":
-                self.asks.attach(rows, self.cache, self._prefill)
-            self.cache.hold(rows)  # the running batch's chains stay pinned until the call ends
+            self.cache.lookup(rows)
+        self.cache.check_budget(rows, extra)
         return rows
 
+    def _prepare(self, rows: list[Row]) -> None:
+        """Plan one batch: cached prefixes, shared runs, ASKS, and the residency of its chains."""
+        if not self.config.shares:
+            return
+        self.cache.prepare(rows)
+        if self.config.kv_sharing == "asks":
+            held: list[int] = []
+            try:
+                self.asks.attach(rows, self.cache, lambda *a, **kw: self._prefill(*a, held=held, **kw))
+            finally:
+                for n in held:
+                    self.cache.unreserve(n)
+        self.cache.hold(rows)  # the running batch's chains stay pinned until the call ends
+
     def _prefill(self, chains: list[Chain], news: list[list[int]], starts: list[int], charge: list[Stats], *,
-                 extra: int = 0, want_logits: bool = False, **kw: Any):
-        """One forward of each row's new tokens over its cached chain; notes the K/V peak."""
-        batch, result = self.forward.prefill([self.cache.prefix(c) for c in chains], news, starts, extra=extra,
-                                             want_logits=want_logits, charge=charge, **kw)
-        self.cache.note_peak(batch.nbytes)
-        return batch, result
+                 held: list[int], extra: int = 0, want_logits: bool = False, **kw: Any):
+        """One forward of each row's new tokens over its cached chain. Its buffer is counted
+        against the budget first and appended to `held`, which the caller unreserves."""
+        need = len(news) * (max(len(t) for t in news) + extra) * self.lm.kv_bytes_per_token
+        self.cache.reserve(need)
+        held.append(need)
+        return self.forward.prefill([self.cache.prefix(c) for c in chains], news, starts, extra=extra,
+                                    want_logits=want_logits, charge=charge, **kw)
 
     def _compute(self, chains: list[Chain], news: list[list[int]], starts: list[int], charge: list[Stats]):
-        """The cache manager's way to compute K/V (shared runs, recomputation)."""
-        return self._prefill(chains, news, starts, charge)[0]
+        """The cache manager's way to compute K/V (shared runs, recomputation): each row's new K/V."""
+        held: list[int] = []
+        try:
+            batch, _ = self._prefill(chains, news, starts, charge, held=held)
+            return [batch.row_kv(b, 0, len(t)) for b, t in enumerate(news)]
+        finally:
+            for n in held:
+                self.cache.unreserve(n)
 
-    def _store_prompts(self, rows: list[Row], batch, lens: list[int], owners: list[Any] | None,
-                       full: Sequence[bool] | None = None, batch_rows: Sequence[int] | None = None) -> list:
+    def _store_prompts(self, rows: list[Row], batch, lens: list[int], full: Sequence[bool] | None = None,
+                       batch_rows: Sequence[int] | None = None) -> list:
         """Cache each row's new prompt K/V (a row cut short by CGEE stores none); returns the ends."""
         ends: list[Handle | None] = [None] * len(rows)
         if not self.config.shares:
@@ -236,63 +295,72 @@ class Engine:
                 brow = b if batch_rows is None else batch_rows[b]
                 ends[b] = self.cache.store_kv(r.ids, r.matched, batch.row_kv(brow, 0, lens[b]),
                                               free_only=not r.must_store, charge=r.stats)
-                self.cache.count_prompt(ends[b])
+                self.cache.count_prompt(ends[b], r.search)
         return ends
 
-    def _generate_batch(self, prompts: list[str], sampling: Sampling, seeds: list[int],
-                        owners: list[Any] | None, charge: list[Stats]) -> tuple[list[Row], list[Generation]]:
-        rows = self._prepare(prompts, sampling.max_new_tokens, owners, charge)
+    def _generate_batch(self, rows: list[Row], prompts: list[str], sampling: Sampling, seeds: list[int],
+                        owners: list[Any] | None) -> list[Generation]:
+        self._prepare(rows)
         news = [r.ids[r.matched:] for r in rows]
         lens = [len(t) for t in news]
         nmax = max(lens)
-        batch, logits = self._prefill([r.chain for r in rows], news, [r.matched for r in rows], charge,
-                                      extra=sampling.max_new_tokens, want_logits=True)
-        for r in rows:
-            r.stats.reused_tokens += r.matched
-        ends = self._store_prompts(rows, batch, lens, owners)
-        if self.config.shares:
-            self.cache.pin_prompts(ends, owners)
-            self.cache.note_peak(batch.nbytes)
+        charge = [r.stats for r in rows]
+        held: list[int] = []
+        try:
+            batch, logits = self._prefill([r.chain for r in rows], news, [r.matched for r in rows], charge,
+                                          held=held, extra=sampling.max_new_tokens, want_logits=True)
+            for r in rows:
+                r.stats.reused_tokens += r.matched
+            ends = self._store_prompts(rows, batch, lens)
+            if self.config.shares:
+                self.cache.pin_prompts(ends, owners)
 
-        def keep_generated(j: int, b: int, gen: list[int]) -> None:
-            # the fed-back tokens' K/V (all generated but the last), only into room that displaces nothing owned
-            fed = len(gen) - 1
-            if self.config.shares and fed > 0 and ends[b] is not None:
-                ends[b] = self.cache.store_kv(rows[b].ids + gen[:fed], len(rows[b].ids),
-                                              batch.row_kv(j, nmax, nmax + fed), free_only=True,
-                                              charge=rows[b].stats)
-                self.cache.note_peak(batch.nbytes)
+            def keep_generated(j: int, b: int, gen: list[int]) -> None:
+                # the fed-back tokens' K/V (all generated but the last), only into room that displaces nothing owned
+                fed = len(gen) - 1
+                if self.config.shares and fed > 0 and ends[b] is not None:
+                    ends[b] = self.cache.store_kv(rows[b].ids + gen[:fed], len(rows[b].ids),
+                                                  batch.row_kv(j, nmax, nmax + fed), free_only=True,
+                                                  charge=rows[b].stats)
 
-        generators = [torch.Generator().manual_seed(s & 0x7FFFFFFFFFFFFFFF) for s in seeds]
-        gens, logps, finish = self.forward.decode(batch, logits, [r.matched + n for r, n in zip(rows, lens)], nmax,
-                                                  sampling, generators, charge, keep_generated)
-        self.cache.note_peak(batch.nbytes)
+            generators = [torch.Generator().manual_seed(s & 0x7FFFFFFFFFFFFFFF) for s in seeds]
+            gens, logps, finish = self.forward.decode(batch, logits, [r.matched + n for r, n in zip(rows, lens)],
+                                                      nmax, sampling, generators, charge, keep_generated)
+        finally:
+            for n in held:
+                self.cache.unreserve(n)
         results = []
         for b, r in enumerate(rows):
             text = self.lm.tokenizer.decode(gens[b], skip_special_tokens=True)
             self.remember_generation(prompts[b], r.ids, gens[b])
-            self._trie(r.stats).add(r.ids + gens[b][:-1])
+            self._search(r.stats).unique.add(r.ids + gens[b][:-1])
             r.stats.generated_tokens += len(gens[b])
             results.append(Generation(text=cut_at_stop(text, sampling.stop), token_ids=gens[b], logprobs=logps[b],
                                       finish=finish[b], prompt_tokens=len(r.ids), reused_tokens=r.matched,
                                       handle=ends[b]))
         self._finish_batch(results, owners, rows)
-        return rows, results
+        return results
 
-    def _score_batch(self, prompts: list[str], labels: list[str], label_ids: list[int], owners: list[Any] | None,
-                     exit_rule, charge: list[Stats]) -> tuple[list[Row], list[Score]]:
-        rows = self._prepare(prompts, 0, owners, charge)
+    def _score_batch(self, rows: list[Row], labels: list[str], label_ids: list[int], owners: list[Any] | None,
+                     exit_rule) -> list[Score]:
+        self._prepare(rows)
         news = [r.ids[r.matched:] for r in rows]
-        batch, out = self._prefill([r.chain for r in rows], news, [r.matched for r in rows], charge, want_logits=True,
-                                   exit_rule=exit_rule, exits=RowExits(len(rows)), label_ids=label_ids)
-        for r in rows:
-            r.stats.reused_tokens += r.matched
-        if isinstance(out, RowExits):  # per-row exit: each row has its own depth and batch row
-            per = [(out.probs[b], out.layers[b], out.batch_row[b]) for b in range(len(rows))]
-        else:
-            per = [(out[0][b], out[1], b) for b in range(len(rows))]
-        full = [layers == self.lm.num_layers for _, layers, _ in per]
-        ends = self._store_prompts(rows, batch, [len(t) for t in news], owners, full, [p[2] for p in per])
+        held: list[int] = []
+        try:
+            batch, out = self._prefill([r.chain for r in rows], news, [r.matched for r in rows],
+                                       [r.stats for r in rows], held=held, want_logits=True, exit_rule=exit_rule,
+                                       exits=RowExits(len(rows)), label_ids=label_ids)
+            for r in rows:
+                r.stats.reused_tokens += r.matched
+            if isinstance(out, RowExits):  # per-row exit: each row has its own depth and batch row
+                per = [(out.probs[b], out.layers[b], out.batch_row[b]) for b in range(len(rows))]
+            else:
+                per = [(out[0][b], out[1], b) for b in range(len(rows))]
+            full = [layers == self.lm.num_layers for _, layers, _ in per]
+            ends = self._store_prompts(rows, batch, [len(t) for t in news], full, [p[2] for p in per])
+        finally:
+            for n in held:
+                self.cache.unreserve(n)
         results = []
         for b, r in enumerate(rows):
             probs, layers_run, _ = per[b]
@@ -301,19 +369,16 @@ class Engine:
             else:
                 raw = {lab: float(probs[k]) for k, lab in enumerate(labels)}
             tot = sum(raw.values()) or 1.0
-            self._trie(r.stats).add(r.ids)
+            self._search(r.stats).unique.add(r.ids)
             results.append(Score(probs={k: v / tot for k, v in raw.items()}, raw=raw, layers_run=layers_run,
                                  reused_tokens=r.matched, handle=ends[b]))
         self._finish_batch(results, owners, rows)
-        return rows, results
-
-    def _trie(self, stats: Stats) -> TokenTrie:
-        return self._unique.setdefault(id(stats), (stats, TokenTrie()))[1]  # holding stats keeps its id unique
+        return results
 
     def _finish_batch(self, results: list, owners: list[Any] | None, rows: list[Row]) -> None:
         if owners is not None:
             self.cache.tag_owners([r.handle for r in results], owners)
         charge = distinct([r.stats for r in rows])
         for st in charge:
-            st.unique_tokens = self._trie(st).size
+            st.unique_tokens = self._search(st).unique.size
         self.cache.report_peak(charge)

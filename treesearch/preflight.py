@@ -77,6 +77,7 @@ RULES: dict[str, Rule] = {
     "top_p": Rule(lambda v: 0 < v <= 1, "use a value in (0, 1], such as 0.95"),
     "cache_budget": Rule(_at_least(1), "use a positive number of bytes, or leave it out for no limit"),
     "threads": Rule(_at_least(1), "use at least 1 thread"),
+    "concurrency": Rule(_at_least(1), "use at least 1 search at a time"),
     "max_nodes": Rule(_at_least(1), "use at least 1 node"),
     "repeat": Rule(_at_least(1), "use at least 1 timed round"),
     "branches": Rule(_at_least(1), "use at least 1 branch per question"),
@@ -239,3 +240,14 @@ def check_bench(argv: list[str]) -> argparse.Namespace:
 
 def _raise(exc: BaseException) -> NoReturn:
     raise exc
+
+
+def check_run(args: argparse.Namespace) -> SolvePlan:
+    """`treesearch run`'s checks: solve's, without an input (each row is checked as it is read)."""
+    problem = task_problem(args.task)
+    check_flags(args)
+    strategy = search_strategy(args)
+    sampling = search_sampling(args, problem)
+    config = search_config(args)
+    check_model_flags(args)
+    return SolvePlan(problem=problem, strategy=strategy, sampling=sampling, config=config)

@@ -12,10 +12,11 @@ import dataclasses
 import json
 import logging
 import time
-import warnings
 from pathlib import Path
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .arguments import check_problem_instance, check_strategy, warn_greedy_duplicates
 from .cgee import span_confidence
 from .backend import Backend, require_features
 from .config import RKSCConfig, Sampling
@@ -45,19 +46,19 @@ class Searcher:
     def __init__(self, model: LanguageModel | Backend, problem: Problem, strategy: Any = None,
                  config: RKSCConfig | None = None, *, sampling: Sampling | None = None, seed: int = 0,
                  progress: bool = True, keep_cache: bool = True) -> None:
-        _check_problem_instance(problem)
+        check_problem_instance(problem)
         check_problem(problem)
         if strategy is None:
             from strategies import BFS
 
             strategy = BFS()
-        _check_strategy(strategy)
+        check_strategy(strategy)
         self.model = model
         self.problem = problem
         self.strategy = strategy
         self.config = config or RKSCConfig()
         self.sampling = sampling or problem.sampling
-        _warn_greedy_duplicates(problem, self.sampling)
+        warn_greedy_duplicates(problem, self.sampling)
         self.seed = seed
         self.progress = progress
         self.keep_cache = keep_cache  # later solve() calls start with the last search's prompt K/V
@@ -109,6 +110,34 @@ class Searcher:
         if prev:
             self.tree.meta["previous_stats"] = list(self.tree.meta.get("previous_stats", [])) + [dict(prev)]
         return self._run()
+
+    def solve_many(self, inputs: Iterable[Any], *, concurrency: int = 16) -> Iterator[SearchResult]:
+        """Solve every input, up to `concurrency` searches at once over one engine and one KV
+        store, their model calls merged into shared batches; yields each input's SearchResult in
+        input order, as it finishes (see `treesearch.many`). Each result is the one `solve(x)`
+        gives; a search that raises yields its partial result with status "failed"."""
+        from .many import solve_many
+
+        return solve_many(self, inputs, concurrency=concurrency)
+
+    def shared_engine(self) -> Any:
+        """The engine concurrent searches share: the backend, else this Searcher's local engine
+        (kept between calls, like solve's with keep_cache)."""
+        if self.backend is not None:
+            return self.backend
+        if self.engine is None or not self.keep_cache or self.engine.config is not self.config:
+            self.engine = Engine(self.model, self.config, max_batch=64)
+        self.engine.new_search()
+        return self.engine
+
+    def for_backend(self, backend: Backend) -> Searcher:
+        """A Searcher with the same problem, strategy and settings whose model is `backend` (one
+        search of `solve_many`), with no progress bar."""
+        child = copy.copy(self)
+        child.model = child.backend = backend
+        child.engine, child.tree, child.partial_result, child._verifier_obj = None, ThoughtTree(), None, None
+        child._values, child._bar, child.progress = {}, None, False
+        return child
 
     def _run(self) -> SearchResult:
         """Run the strategy over self.tree; on any exception attach the partial result.
@@ -396,40 +425,3 @@ def _progress(enabled: bool, nodes: int):
     from tqdm.auto import tqdm
 
     return tqdm(desc="search", unit=" nodes", initial=nodes, leave=False)
-
-
-def _check_problem_instance(problem: Any) -> None:
-    """A Problem class passed where an instance belongs fails later with AttributeError; say so now."""
-    if isinstance(problem, type):
-        name = problem.__name__
-        raise TypeError(f"Searcher needs a Problem instance, got the class {name}; pass {name}() instead")
-
-
-def _check_strategy(strategy: Any) -> None:
-    """A strategy must be an object with run(searcher): a name or a class is refused, naming the fix."""
-    if isinstance(strategy, str):
-        import strategies
-
-        cls = next((n for n in strategies.__all__ if n.lower() == strategy.lower()
-                    and isinstance(getattr(strategies, n), type)), None)
-        fix = f"strategies.{cls}(...)" if cls else "a strategy object such as strategies.BFS(breadth=5)"
-        raise TypeError(f"Searcher needs a strategy object, got the string {strategy!r}; pass {fix} "
-                        "(strategy names are for the command line's --strategy)")
-    if isinstance(strategy, type):
-        raise TypeError(f"Searcher needs a strategy object, got the class {strategy.__name__}; pass "
-                        f"{strategy.__name__}() (with its settings) instead")
-    if not callable(getattr(strategy, "run", None)):
-        raise TypeError(f"Searcher needs a strategy with a run(searcher) method, got {type(strategy).__name__}; "
-                        "see strategies.base.Strategy")
-
-
-def _warn_greedy_duplicates(problem: Problem, sampling: Sampling) -> None:
-    """Greedy decoding gives the same text for every sample of a node, so samples_per_expand > 1
-    merges them into one child; warn (once per problem class and setting) naming the fix."""
-    k = problem.samples_per_expand
-    if sampling.temperature == 0 and k > 1:
-        cls = type(problem).__name__
-        warnings.warn(f"{cls}.samples_per_expand={k} with greedy sampling (temperature=0): the {k} generations of a "
-                      f"node are identical and merge into one child; sample with a temperature > 0 (e.g. "
-                      f"Sampling(temperature=0.7) or --temperature 0.7) or set samples_per_expand=1",
-                      UserWarning, stacklevel=3)

@@ -56,7 +56,7 @@ from .backend import Generation, Score
 from .config import Sampling
 from .errors import ConfigError, ProblemDefinitionError, ServerError
 from .seeds import stable_seed
-from .stats import Stats
+from .stats import Stats, distinct, per_row
 
 log = logging.getLogger(__name__)
 
@@ -144,15 +144,19 @@ class ServerEngine:
 
     # -- generate ------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str], sampling: Sampling | None = None, *, seeds: Sequence[int] | None = None,
-                 owners: Sequence[Hashable] | None = None) -> list[Generation]:
-        """One continuation per prompt, the requests sent concurrently (see the module docstring)."""
+                 owners: Sequence[Hashable] | None = None,
+                 stats: Stats | Sequence[Stats] | None = None) -> list[Generation]:
+        """One continuation per prompt, the requests sent concurrently (see the module docstring).
+        stats: where each prompt's usage is counted (one per prompt when searches share the call)."""
         sampling = sampling or Sampling()
         if not prompts:
             return []
         prompts = [_check_prompt(p) for p in prompts]
+        charge = per_row(len(prompts), stats, self.stats)
         self._extra()  # asks /v1/models once, before the requests go out in parallel
         self._calls += 1
-        self.stats.generate_calls += 1
+        for st in distinct(charge):
+            st.generate_calls += 1
         if seeds is None:
             seeds = [stable_seed(sampling.seed, self._calls, i) for i in range(len(prompts))]
         jobs: list[tuple[str, int, list[int]]] = []  # (prompt, seed, rows it answers)
@@ -166,7 +170,7 @@ class ServerEngine:
                     jobs.append((p, seeds[i], [i]))
         else:
             jobs = [(p, s, [i]) for i, (p, s) in enumerate(zip(prompts, seeds))]
-        answers = self._map(lambda job: self._complete(job[0], job[1], sampling), jobs)
+        answers = self._map(lambda job: self._complete(job[0], job[1], sampling, charge[job[2][0]]), jobs)
         out: list[Generation | None] = [None] * len(prompts)
         for (_, _, rows), gen in zip(jobs, answers):
             for k, row in enumerate(rows):
@@ -174,7 +178,7 @@ class ServerEngine:
                                                                   offsets=list(gen.offsets or []))
         return out  # type: ignore[return-value]
 
-    def _complete(self, prompt: str, seed: int, sampling: Sampling) -> Generation:
+    def _complete(self, prompt: str, seed: int, sampling: Sampling, stats: Stats) -> Generation:
         body = {"model": self.model, "prompt": prompt, "max_tokens": sampling.max_new_tokens,
                 "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": seed & 0x7FFFFFFF,
                 **self._extra()}
@@ -187,12 +191,12 @@ class ServerEngine:
         if not choices or not isinstance(choices[0], dict):
             raise ServerError(f"POST {self.client.root}/v1/completions answered no choice for a prompt of "
                               f"{len(prompt)} characters; check the server's log", url=self.client.root)
-        prompt_tokens, cached = self._count(data, 1)
+        prompt_tokens, cached = self._count(data, 1, stats)
         return _generation(choices[0], sampling, prompt_tokens, cached)
 
     # -- score ---------------------------------------------------------------------------------------
     def score(self, prompts: Sequence[str], labels: Sequence[str], *, owners: Sequence[Hashable] | None = None,
-              exit_rule: Any = None) -> list[Score]:
+              exit_rule: Any = None, stats: Stats | Sequence[Stats] | None = None) -> list[Score]:
         """Probability of each label's first token right after each prompt, from the server's top-k
         next-token log-probabilities (one request per prompt, concurrent). `exit_rule` is ignored:
         a server runs every layer (layers_run = num_layers = 1)."""
@@ -204,21 +208,23 @@ class ServerEngine:
             raise ProblemDefinitionError(
                 f"labels {list(labels)} do not start with distinct tokens (first tokens {keys}); pick words whose "
                 "first token differs, e.g. with a leading space: ' sure', ' likely', ' impossible'")
+        charge = per_row(len(prompts), stats, self.stats)
         self._extra()
         self._calls += 1
-        self.stats.score_calls += 1
-        return self._map(lambda p: self._score_one(p, list(labels), keys), prompts)
+        for st in distinct(charge):
+            st.score_calls += 1
+        return self._map(lambda job: self._score_one(job[0], list(labels), keys, job[1]), list(zip(prompts, charge)))
 
-    def _score_one(self, prompt: str, labels: list[str], keys: list[str]) -> Score:
+    def _score_one(self, prompt: str, labels: list[str], keys: list[str], stats: Stats) -> Score:
         body = {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
                 "logprobs": self.top_logprobs, **self._extra()}
         data = self._post_completion(body)
         choice = (data.get("choices") or [{}])[0]
         top = _top_logprobs(choice.get("logprobs"))
-        _, cached = self._count(data, 1)
+        _, cached = self._count(data, 1, stats)
         raw, floored = label_probs(top, labels, keys, self.label_floor)
         with self._lock:
-            self.stats.label_floor_hits += floored
+            stats.label_floor_hits += floored
         tot = sum(raw.values())
         probs = {lab: v / tot for lab, v in raw.items()}
         return Score(probs=probs, raw=raw, layers_run=1, reused_tokens=cached)
@@ -287,6 +293,13 @@ class ServerEngine:
         self.stats = Stats()
         self._calls = 0
 
+    def begin_search(self) -> Stats:
+        """A search beside others (`Searcher.solve_many`): the Stats its requests are counted in."""
+        return Stats()
+
+    def end_search(self, stats: Stats) -> None:
+        """No-op: nothing is cached here."""
+
     def set_priority(self, fn: Callable[[Hashable], float | None] | None) -> None:
         """No-op: no cache budget, so no eviction order."""
 
@@ -321,7 +334,7 @@ class ServerEngine:
                               "is base_url an OpenAI-compatible server?", url=self.client.root)
         return data
 
-    def _count(self, data: dict, choices: int) -> tuple[int, int]:
+    def _count(self, data: dict, choices: int, s: Stats) -> tuple[int, int]:
         """Add one answer's usage to the counters; returns (prompt tokens, cached prompt tokens)."""
         usage = data.get("usage") or {}
         prompt = int(usage.get("prompt_tokens") or 0)
@@ -329,7 +342,6 @@ class ServerEngine:
         cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
         cached = min(cached, prompt)
         with self._lock:
-            s = self.stats
             s.model_calls += 1
             s.prefill_tokens += prompt - cached
             s.reused_tokens += cached

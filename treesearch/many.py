@@ -1,0 +1,110 @@
+"""`solve_many`: a test set at batch speed -- up to `concurrency` searches at once over one engine
+and one KV store, their model calls merged into shared batches (`treesearch.batching`).
+
+The driver (the thread that iterates the results) runs every merged engine call; each search
+runs its strategy in a thread of its own, on a copy of the Searcher whose backend is the search's
+`SearchSession`. Results come back in input order, each as soon as it and every earlier input
+are done. A search that raises is reported as a SearchResult with status "failed" and the error,
+holding the part of its tree it had built; the other searches go on. Ctrl-C (or a caller that
+stops iterating) stops every search; finished results were already yielded.
+
+Problem and strategy objects are shared by the concurrent searches: their methods may run in
+several threads at once, so they must not keep per-search state on themselves (the built-in
+ones keep none: a strategy holds configuration, the tree holds the state).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from .batching import CallMerger, SearchCancelled, SearchSession, session_priority
+
+if TYPE_CHECKING:
+    from .result import SearchResult
+    from .searcher import Searcher
+
+
+def solve_many(searcher: Searcher, inputs: Iterable[Any], *, concurrency: int = 16) -> Iterator[SearchResult]:
+    """Solve every input with `searcher`'s problem, strategy and settings, up to `concurrency`
+    at a time over one shared engine; yields each input's SearchResult, in input order."""
+    if concurrency < 1:
+        from .errors import ConfigError
+
+        raise ConfigError(f"concurrency={concurrency}; run at least 1 search at a time")
+    engine = searcher.shared_engine()
+    merger = CallMerger(engine)
+    sessions: dict[int, SearchSession] = {}
+    engine.set_priority(session_priority(sessions))
+    source = iter(inputs)
+    live: dict[int, _Run] = {}
+    done: dict[int, SearchResult] = {}
+    next_in, next_out = 0, 0
+    try:
+        while True:
+            while len(live) < concurrency:  # start searches up to the concurrency
+                try:
+                    x = next(source)
+                except StopIteration:
+                    break
+                session = SearchSession(merger)
+                sessions[session.id] = session
+                live[next_in] = _Run(searcher, session, x, merger)
+                next_in += 1
+            while next_out in done:
+                yield done.pop(next_out)
+                next_out += 1
+            if not live:
+                return
+            merger.wait_idle()  # every live search waits on a call or has finished
+            ended = [i for i, run in live.items() if run.result is not None]
+            for i in ended:
+                run = live.pop(i)
+                run.thread.join()
+                run.session.close()
+                del sessions[run.session.id]
+                done[i] = run.result
+            if ended:
+                continue  # yield them, start the next inputs, and let those reach their first call
+            merger.run_pending()
+    finally:
+        if live:
+            merger.cancel(KeyboardInterrupt("the run was stopped"))
+            for run in live.values():
+                run.thread.join()
+                run.session.close()
+        engine.set_priority(None)
+
+
+class _Run:
+    """One input's search, in a thread of its own."""
+
+    def __init__(self, searcher: Searcher, session: SearchSession, x: Any, merger: CallMerger) -> None:
+        self.session = session
+        self.result: SearchResult | None = None
+        self._child = searcher.for_backend(session)
+        self._x = x
+        self._merger = merger
+        merger.started()
+        self.thread = threading.Thread(target=self._main, name=f"treesearch-search-{session.id}", daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        try:
+            self.result = self._child.solve(self._x)
+        except SearchCancelled as exc:
+            self.result = _failed(self._child, exc, status="interrupted")
+        except BaseException as exc:  # reported on the search's own result; the others go on
+            self.result = _failed(self._child, exc, status="failed")
+        finally:
+            self._merger.finished()
+
+
+def _failed(child: Searcher, exc: BaseException, *, status: str) -> SearchResult:
+    """The partial result of a search that raised, marked with the error."""
+    part = getattr(exc, "partial_result", None) or child.partial_result
+    if part is None:
+        part = child.result(None, status=status, error=f"{type(exc).__name__}: {exc}"[:500])
+    part.status = status
+    return part
