@@ -28,20 +28,21 @@ LAYERS: dict[str, int] = {
     "asks": 4,
     # 3-4: model loading (dummy-weight models; runtime dispatches to them)
     "dummy": 3, "runtime": 4,
-    # 5: the local engine
-    "engine": 5, "server": 5, "server_http": 4,
+    # 5: the local engine; many searches' calls merged (over any engine)
+    "engine": 5, "server": 5, "server_http": 4, "batching": 5,
     # 6: the thought tree and the problem contract
     "tree": 6, "problem": 6,
     # 7: the built-in problems and the verifier (CGEE over a backend)
-    "tasks": 7, "verify": 7, "ops": 7, "result": 7,
+    "tasks": 7, "verify": 7, "ops": 7, "result": 7, "arguments": 7, "many": 7,
     # 8: the search
     "searcher": 8,
     # 9 and up: strategies and the tools on top
-    "strategies": 9, "backend_cli": 9, "bench": 10, "calibration_sets": 10, "calibrate": 11, "preflight": 11, "cli": 12,
-    "__main__": 13,
+    "strategies": 9, "backend_cli": 9, "runs": 9, "bench": 10, "calibration_sets": 10, "calibrate": 11,
+    "preflight": 11, "loading": 12, "search_flags": 12, "run_cli": 13, "cli": 14, "__main__": 15,
 }
 # The one upward arrow: the Searcher's default strategy (BFS), imported where it is used.
-ALLOWED_UP = {("searcher", "strategies")}
+ALLOWED_UP = {("searcher", "strategies"),
+              ("arguments", "strategies")}  # and a strategy name given for an object: the error names the class
 # What strategies must never reach for: the model, the tokenizer, the cache.
 STRATEGY_FORBIDDEN = {"engine", "kvcache", "kvstore", "forward", "attention", "runtime", "tokens", "asks"}
 

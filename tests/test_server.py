@@ -479,6 +479,26 @@ def test_game24_bfs_completes_through_llama_cpp(llama):
 
 
 @pytest.mark.llama_server
+def test_solve_many_through_llama_cpp_equals_each_search_alone(llama):
+    """Concurrent searches' calls go to the server together (it batches them); each result is the
+    one the search gives alone, and its usage is counted in its own stats."""
+    from strategies import BFS
+
+    from treesearch.tasks.game24 import Game24
+
+    puzzles = ["4 5 6 10", "1 4 8 8"]
+    searcher = Searcher(llama, Game24(), BFS(breadth=1, max_depth=1), progress=False)
+    many = list(searcher.solve_many(puzzles, concurrency=2))
+    alone = [searcher.solve(p) for p in puzzles]
+    for a, b in zip(alone, many):
+        assert b.status == "complete"
+        assert [(n, d["thought"]) for n, d in a.tree.graph.nodes(data=True)] == \
+            [(n, d["thought"]) for n, d in b.tree.graph.nodes(data=True)]
+        assert (a.stats["generate_calls"], a.stats["generated_tokens"]) == \
+            (b.stats["generate_calls"], b.stats["generated_tokens"])
+
+
+@pytest.mark.llama_server
 def test_gsm8k_search_completes_through_llama_cpp(llama):
     from strategies import BFS
 

@@ -11,14 +11,14 @@ import argparse
 import json
 import sys
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .errors import TreeSearchError, UsageError
 from .preflight import ArgumentParser, check_bench, check_solve, one_line, task_names
 from .backend_cli import add_backend_args, backend_from_args
+from .loading import load_model_or_fail, torch_threads
 from .search_flags import add_search_flags
 
 
@@ -42,34 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("calibrate", help="calibrate CGEE thresholds (treesearch calibrate --help)", add_help=False)
     add_backend_args(solve)
     return parser
-
-
-def load_model_or_fail(args: argparse.Namespace) -> Any:
-    """The model of --model / --device / --dtype, or a UsageError in one line when transformers
-    or torch refuse it (a folder that holds no usable model, an unknown device)."""
-    from .runtime import load_model
-
-    try:
-        return load_model(args.model, device=args.device, dtype=args.dtype)
-    except (OSError, ValueError, RuntimeError) as exc:
-        which = args.model or "the default model"
-        raise UsageError(f"could not load {which} (device {args.device or 'cpu'}): {one_line(exc)}"[:500]) from None
-
-
-@contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """Run the block with n torch CPU threads (None: leave torch's setting), restoring it after."""
-    if n is None:
-        yield
-        return
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def cmd_solve(args: argparse.Namespace) -> int:

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .batching import CallMerger, SearchCancelled, SearchSession, session_priority
 
-if TYPE_CHECKING:
-    from .result import SearchResult
-    from .searcher import Searcher
+Searcher = Any  # treesearch.searcher.Searcher (it imports this module)
+SearchResult = Any  # treesearch.result.SearchResult
 
 
 def solve_many(searcher: Searcher, inputs: Iterable[Any], *, concurrency: int = 16) -> Iterator[SearchResult]:

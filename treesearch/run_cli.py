@@ -73,7 +73,7 @@ def parse_rows(text: str) -> tuple[int, int | None]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .cli import load_model_or_fail, torch_threads
+    from .loading import load_model_or_fail, torch_threads
     from .preflight import check_run, one_line
 
     plan = check_run(args)

@@ -36,8 +36,7 @@ Counters (`stats`, from each answer's `usage`; one request = one model call):
   usage.prompt_tokens_details.cached_tokens (vLLM with prefix caching and SGLang report it;
   llama.cpp does not, so there everything counts as prefill);
 - decode_tokens = usage.completion_tokens - choices (the last token of a row is never fed back, as
-  in the local engine); generated_tokens = usage.completion_tokens;
-- unique_tokens and peak_kv_bytes stay 0 (the server does not report them).
+  in the local engine); generated_tokens = usage.completion_tokens; unique_tokens and peak_kv_bytes 0.
 Features: none of `treesearch.backend.FEATURES` (no ASKS, CGEE Level 2, cache budgets or kv_map):
 `Searcher` refuses a config asking for one at once. `num_layers` = 1 (a score is one full pass).
 """
@@ -294,8 +293,7 @@ class ServerEngine:
         self._calls = 0
 
     def begin_search(self) -> Stats:
-        """A search beside others (`Searcher.solve_many`): the Stats its requests are counted in."""
-        return Stats()
+        return Stats()  # a search beside others (solve_many): its requests are counted here
 
     def end_search(self, stats: Stats) -> None:
         """No-op: nothing is cached here."""
@@ -306,11 +304,11 @@ class ServerEngine:
     def acquire(self, owner: Hashable, handle: Any) -> None:
         """No-op: the server's cache has no owners."""
 
-    def release(self, owner: Hashable) -> None:
-        """No-op."""
+    def release(self, owner: Hashable) -> None:  # no-op, as acquire
+        pass
 
-    def pin_owner(self, owner: Hashable) -> None:
-        """No-op."""
+    def pin_owner(self, owner: Hashable) -> None:  # no-op, as acquire
+        pass
 
     # -- plumbing ------------------------------------------------------------------------------------
     def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rksc cache budget as a fraction of exact's peak KV bytes (0 = unbounded; default 0.25)")
     p.add_argument("--replay-tokens", type=int, default=None, metavar="N",
                    help="hf-cb replay: max new tokens per request (default: the workload's)")
+    p.add_argument("--concurrency", type=int, default=1, metavar="N",
+                   help="game24: also run each engine mode with N searches in flight (solve_many), beside the "
+                        "sequential run (default 1: sequential only)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads for the run (default: torch's own; 1 is faster on a busy machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -99,9 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
-    from .modes import parse_modes
+    from .modes import concurrent_names, parse_modes
 
-    names = parse_modes(args.modes)
+    names = concurrent_names(parse_modes(args.modes), args.concurrency)
+    if args.concurrency > 1 and args.workload != "game24":
+        raise SystemExit(f"--concurrency runs searches at once: the game24 workload has them, {args.workload} does not")
     if args.repeat < 1:
         raise SystemExit("--repeat must be at least 1")
     start, end = parse_range(args.rows, args.workload)

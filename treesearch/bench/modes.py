@@ -33,6 +33,20 @@ class Mode:
     config: RKSCConfig | None
     notes: list[str] = field(default_factory=list)
     backend: Any = None  # server mode: the ServerEngine that runs the workload instead of the local engine
+    concurrency: int = 1  # searches in flight at once (`Searcher.solve_many`); "exact@16" has 16
+
+
+def base_name(name: str) -> str:
+    """"exact@16" -> "exact" (the mode a concurrent variant runs)."""
+    return name.split("@", 1)[0]
+
+
+def concurrent_names(names: list[str], concurrency: int) -> list[str]:
+    """The modes to run for --concurrency N: each engine mode as given, then each at N searches
+    in flight ("exact@16"), so sequential and concurrent runs of the same inputs sit side by side."""
+    if concurrency <= 1:
+        return list(names)
+    return list(names) + [f"{n}@{concurrency}" for n in names if n in ENGINE_MODES]
 
 
 def parse_modes(text: str) -> list[str]:
@@ -58,6 +72,11 @@ def rksc_config(cache_budget: int | None) -> RKSCConfig:
 
 
 def make_mode(name: str, cache_budget: int | None = None) -> Mode:
+    if "@" in name:  # a concurrent variant: the base mode with N searches in flight
+        mode = make_mode(base_name(name), cache_budget)
+        mode.name, mode.concurrency = name, int(name.split("@", 1)[1])
+        mode.notes.append(f"{mode.concurrency} searches in flight at once (Searcher.solve_many), model calls batched")
+        return mode
     if name == "nokv":
         return Mode(name, RKSCConfig(kv_sharing="off"))
     if name == "exact":

@@ -18,7 +18,7 @@ from ..config import Sampling
 from ..engine import Engine
 from ..runtime import LanguageModel
 from . import hfcb
-from .modes import ENGINE_MODES, Mode, make_mode
+from .modes import ENGINE_MODES, Mode, base_name, make_mode
 from .results import RunResult, Tick
 from .workloads import Workload
 
@@ -58,7 +58,7 @@ def warm_up(lm: LanguageModel, mode: Mode) -> None:
 
 
 def total_ticks(workload: Workload, names: list[str], repeat: int) -> int:
-    engine_modes = sum(1 for n in names if n in ENGINE_MODES)
+    engine_modes = sum(1 for n in names if base_name(n) in ENGINE_MODES)
     extra = 1 if "hf-cb" in names and not engine_modes else 0
     return len(workload.items) * repeat * (engine_modes + extra) + (2 * repeat if "hf-cb" in names else 0)
 
@@ -70,8 +70,8 @@ def run_all(lm: LanguageModel, workload: Workload, names: list[str], *, repeat: 
     out = BenchRuns()
     for name in names:
         out.modes[name] = ModeRuns(make_mode(name))
-    if "server" in out.modes:
-        mr = out.modes["server"]
+    for name in [n for n in out.modes if base_name(n) == "server"]:
+        mr = out.modes[name]
         if server is None:
             mr.error = "the server mode needs a server: --base-url URL (and --server-model NAME)"
         else:
@@ -86,14 +86,15 @@ def run_all(lm: LanguageModel, workload: Workload, names: list[str], *, repeat: 
             warm_up(lm, mr.mode)
         except Exception as err:  # noqa: BLE001 - recorded as the mode's reason
             mr.error = f"warm-up failed: {type(err).__name__}: {err}"
+    order = [n for n in ENGINE_MODES if n in out.modes] + [n for n in out.modes if "@" in n]
     for _ in range(repeat):
-        exact_peak = None
-        for name in [n for n in ENGINE_MODES if n in out.modes]:
+        exact_peak: dict[int, int | None] = {}  # per concurrency: exact's peak KV bytes
+        for name in order:
             mr = out.modes[name]
             if mr.error:
                 continue
-            if name == "rksc":
-                _set_budget(mr.mode, exact_peak, budget_fraction)
+            if base_name(name) == "rksc":
+                _set_budget(mr.mode, exact_peak.get(mr.mode.concurrency), budget_fraction)
             try:
                 run = _run_mode(lm, workload, mr.mode, tick)
             except Exception as err:  # noqa: BLE001
@@ -101,8 +102,8 @@ def run_all(lm: LanguageModel, workload: Workload, names: list[str], *, repeat: 
                 mr.error = f"{type(err).__name__}: {err}"
                 continue
             mr.runs.append(run)
-            if name == "exact":
-                exact_peak = run.stats.get("peak_kv_bytes")
+            if base_name(name) == "exact":
+                exact_peak[mr.mode.concurrency] = run.stats.get("peak_kv_bytes")
         if "hf-cb" in out.modes and not out.modes["hf-cb"].error:
             _replay(lm, workload, out, tick, replay_tokens)
     return out
@@ -114,7 +115,7 @@ def _run_mode(lm: LanguageModel, workload: Workload, mode: Mode, tick: Tick, ret
 
     for attempt in range(retries + 1):
         try:
-            return workload.run(mode.backend or lm, mode.config, tick)
+            return workload.run(mode.backend or lm, mode.config, tick, concurrency=mode.concurrency)
         except CacheBudgetError:
             if mode.config.cache_budget is None or attempt == retries:
                 raise

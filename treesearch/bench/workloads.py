@@ -33,13 +33,18 @@ class Workload:
     runner: Callable[..., RunResult]
     options: dict = field(default_factory=dict)
 
-    def run(self, lm: LanguageModel, config: RKSCConfig, tick: Tick | None = None) -> RunResult:
-        return self.runner(lm, config, self.items, tick or (lambda n: None), **self.options)
+    def run(self, lm: LanguageModel, config: RKSCConfig, tick: Tick | None = None, *,
+            concurrency: int = 1) -> RunResult:
+        """One run over the items; concurrency > 1: that many searches at once (game24 only)."""
+        extra = {"concurrency": concurrency} if concurrency > 1 else {}
+        return self.runner(lm, config, self.items, tick or (lambda n: None), **self.options, **extra)
 
 
 def run_game24(lm: LanguageModel, config: RKSCConfig, puzzles: list[str], tick: Tick, *,
-               breadth: int = 5, seed: int = 0, max_new_tokens: int | None = None) -> RunResult:
-    """ToT BFS per puzzle; decisions = the states kept at each depth, then the answer."""
+               breadth: int = 5, seed: int = 0, max_new_tokens: int | None = None,
+               concurrency: int = 1) -> RunResult:
+    """ToT BFS per puzzle; decisions = the states kept at each depth, then the answer.
+    concurrency > 1: the puzzles run `concurrency` at a time (`Searcher.solve_many`), timed as a whole."""
     from strategies import BFS
 
     from ..searcher import Searcher
@@ -52,10 +57,15 @@ def run_game24(lm: LanguageModel, config: RKSCConfig, puzzles: list[str], tick: 
     out.max_new_tokens = problem.sampling.max_new_tokens
     # one Searcher for all puzzles: each search starts with the last one's prompt K/V (the templates)
     searcher = Searcher(lm, problem, BFS(breadth=breadth), config, seed=seed, progress=False)
-    for puzzle in puzzles:
-        t0 = time.perf_counter()
-        result = searcher.solve(puzzle)
-        out.wall_s += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    results = searcher.solve_many(puzzles, concurrency=concurrency) if concurrency > 1 else \
+        (searcher.solve(p) for p in puzzles)
+    for puzzle, result in zip(puzzles, results):
+        if result.status != "complete":  # a concurrent search that raised: raise it here, as solve would
+            from ..errors import CacheBudgetError
+
+            kind = CacheBudgetError if (result.error or "").startswith("CacheBudgetError") else RuntimeError
+            raise kind(f"puzzle {puzzle!r}: the search {result.status}: {result.error}")
         out.add_stats(result.stats)
         tree = result.tree
         by_depth: dict[int, list] = {}
@@ -76,6 +86,7 @@ def run_game24(lm: LanguageModel, config: RKSCConfig, puzzles: list[str], tick: 
         out.correct.append(bool(result.solved))
         out.requests.append(batches)
         tick(1)
+    out.wall_s = time.perf_counter() - t0
     return out
 
 
