@@ -22,9 +22,7 @@ per prompt): each row's work is counted in its own search's Stats.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,7 +31,7 @@ from . import asks
 from .backend import FEATURES, Generation, Score
 from .cgee import RowExits, token_offsets
 from .config import RKSCConfig, Sampling
-from .errors import CacheBudgetError, ContextTooLongError, ProblemDefinitionError
+from .errors import ContextTooLongError, ProblemDefinitionError
 from .forward import Forward, cut_at_stop
 from .kvcache import CacheManager, Handle, Row
 from .kvstore import Chain, KVStore
@@ -41,16 +39,8 @@ from .rsbcm import Priority
 from .model import LanguageModel
 from .seeds import stable_seed
 from .stats import Stats, distinct, per_row
-from .tokens import TokenMemory, TokenTrie, label_token_ids
-
-
-@dataclass
-class _Search:
-    """What the engine keeps per search: its counters, its key, the distinct contexts it saw."""
-
-    stats: Stats
-    key: int
-    unique: TokenTrie = field(default_factory=TokenTrie)
+from .searches import SearchLedger
+from .tokens import TokenMemory, label_token_ids
 
 
 class Engine:
@@ -67,8 +57,7 @@ class Engine:
                                   share_min_tokens=share_min_tokens)
         self.asks = asks.Gate(self.config.asks_alpha, self.config.asks_tau)
         self.tokens = TokenMemory(lm.tokenizer)
-        self._serial = itertools.count()
-        self._searches: dict[int, _Search] = {}  # id(Stats) -> its search (holding it keeps the id unique)
+        self.searches = SearchLedger()
         self.name = lm.name
         self.num_layers = lm.num_layers
         self.features = frozenset(FEATURES)
@@ -115,8 +104,7 @@ class Engine:
         of the last search's prompts (few-shot templates and prompt heads that the next search's
         prompts start with); generations and older entries are forgotten, so memory stays bounded
         by one search. Results never depend on what is cached; only prefill and reuse counts do."""
-        last = self._searches.pop(id(self.stats), None)
-        self.cache.new_search(last=None if last is None else last.key)
+        self.cache.new_search(last=self.searches.end(self.stats))
         self.stats.reset()
         self.asks.log = []
         self._calls = 0
@@ -124,22 +112,14 @@ class Engine:
     def begin_search(self) -> Stats:
         """A search that runs beside others on this engine: returns the Stats its work is counted
         in (pass it as `stats=` to generate and score)."""
-        stats = Stats()
-        self._search(stats)
-        return stats
+        return self.searches.begin()
 
     def end_search(self, stats: Stats) -> None:
         """The search counted in `stats` is over and has released its owners: the cache forgets
         what neither its prompts nor the live searches' prompts ran through."""
-        done = self._searches.pop(id(stats), None)
-        if done is not None:
-            self.cache.end_search(done.key, live={s.key for s in self._searches.values()})
-
-    def _search(self, stats: Stats) -> _Search:
-        found = self._searches.get(id(stats))
-        if found is None:
-            found = self._searches[id(stats)] = _Search(stats, next(self._serial))
-        return found
+        key = self.searches.end(stats)
+        if key is not None:
+            self.cache.end_search(key, live=self.searches.live_keys())
 
     def set_priority(self, fn: Priority | None) -> None:
         """Install owner -> omega (see `treesearch.rsbcm`); the Searcher passes score/(depth+1)."""
@@ -203,39 +183,15 @@ class Engine:
 
     def _batched(self, prompts: Sequence[str], owners: Sequence[Any] | None, charge: list[Stats], extra: int,
                  run: Callable) -> list:
-        """Tokenize and check every prompt, then run them in batches that fit: at most max_batch
-        rows, and under a budget only as many as their K/V allows (`CacheManager.plan`); a batch
-        that finds too little room when it starts is split in two. Each batch's pins end with it."""
+        """Tokenize and check every prompt, then run them in batches that fit (`CacheManager.run_batches`)."""
         rows = self._rows(prompts, owners, charge, extra)
-        queue = self.cache.plan(rows, extra, self.max_batch)
-        out: list = [None] * len(rows)
-        while queue:
-            idx = queue.pop(0)
-            try:
-                results = run([rows[i] for i in idx], None if owners is None else [owners[i] for i in idx], idx)
-            except CacheBudgetError:
-                if len(idx) > 1:  # wait for room in smaller batches
-                    queue[:0] = [idx[:len(idx) // 2], idx[len(idx) // 2:]]
-                elif rows[idx[0]].bare or not self.config.shares:
-                    raise
-                else:  # one row whose cached context and buffer do not fit together: compute it whole
-                    rows[idx[0]].bare = True
-                    queue.insert(0, idx)
-                continue
-            finally:
-                self.cache.end_call(charge[idx[0]])
-            for i, res in zip(idx, results):
-                r = rows[i]
-                if r.asks_sigma is not None:
-                    res.asks_sigma = r.asks_sigma
-                    res.asks_ref = None if r.asks_ref is None else idx[r.asks_ref]
-                out[i] = res
-        return out
+        return self.cache.run_batches(rows, extra, self.max_batch, lambda idx: run(
+            [rows[i] for i in idx], None if owners is None else [owners[i] for i in idx], idx))
 
     # -- phases ----------------------------------------------------------------------------------
     def _rows(self, prompts: Sequence[str], owners: Sequence[Any] | None, charge: list[Stats], extra: int) -> list[Row]:
         """The call's rows, tokenized and checked, looked up and checked against the budget."""
-        rows = [Row(ids=self.tokenize(p), stats=st, search=self._search(st).key) for p, st in zip(prompts, charge)]
+        rows = [Row(ids=self.tokenize(p), stats=st, search=self.searches.key(st)) for p, st in zip(prompts, charge)]
         for r, owner in zip(rows, owners or []):
             r.must_store = self.cache.prompt_pinned(owner)
         for r, p in zip(rows, prompts):
@@ -333,7 +289,7 @@ class Engine:
         for b, r in enumerate(rows):
             text = self.lm.tokenizer.decode(gens[b], skip_special_tokens=True)
             self.remember_generation(prompts[b], r.ids, gens[b])
-            self._search(r.stats).unique.add(r.ids + gens[b][:-1])
+            self.searches.saw(r.stats, r.ids + gens[b][:-1])
             r.stats.generated_tokens += len(gens[b])
             results.append(Generation(text=cut_at_stop(text, sampling.stop), token_ids=gens[b], logprobs=logps[b],
                                       finish=finish[b], prompt_tokens=len(r.ids), reused_tokens=r.matched,
@@ -369,7 +325,7 @@ class Engine:
             else:
                 raw = {lab: float(probs[k]) for k, lab in enumerate(labels)}
             tot = sum(raw.values()) or 1.0
-            self._search(r.stats).unique.add(r.ids)
+            self.searches.saw(r.stats, r.ids)
             results.append(Score(probs={k: v / tot for k, v in raw.items()}, raw=raw, layers_run=layers_run,
                                  reused_tokens=r.matched, handle=ends[b]))
         self._finish_batch(results, owners, rows)
@@ -380,5 +336,5 @@ class Engine:
             self.cache.tag_owners([r.handle for r in results], owners)
         charge = distinct([r.stats for r in rows])
         for st in charge:
-            st.unique_tokens = self._search(st).unique.size
+            st.unique_tokens = self.searches.unique(st)
         self.cache.report_peak(charge)

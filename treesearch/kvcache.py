@@ -254,6 +254,34 @@ class CacheManager:
             out.append(cur)
         return out
 
+    def run_batches(self, rows: list[Row], extra: int, max_batch: int, run: Callable[[list[int]], list]) -> list:
+        """run(indexes) over the batches `plan` makes, results in row order; a batch that finds
+        too little room when it starts (CacheBudgetError) is split in two and waits, a single row
+        that still cannot fit runs bare (without its cached context). Each batch's pins end with it."""
+        queue = self.plan(rows, extra, max_batch)
+        out: list = [None] * len(rows)
+        while queue:
+            idx = queue.pop(0)
+            try:
+                results = run(idx)
+            except CacheBudgetError:
+                if len(idx) > 1:
+                    queue[:0] = [idx[:len(idx) // 2], idx[len(idx) // 2:]]
+                elif rows[idx[0]].bare or not self.config.shares:
+                    raise
+                else:
+                    rows[idx[0]].bare = True
+                    queue.insert(0, idx)
+                continue
+            finally:
+                self.end_call(rows[idx[0]].stats)
+            for i, res in zip(idx, results):
+                if rows[i].asks_sigma is not None:  # ASKS: the gate's value, and whom it attached to
+                    res.asks_sigma = rows[i].asks_sigma
+                    res.asks_ref = None if rows[i].asks_ref is None else idx[rows[i].asks_ref]
+                out[i] = res
+        return out
+
     def share_runs(self, rows: list[Row]) -> None:
         """Compute once the new-token runs that several rows share, then look the rows up again."""
         while True:
