@@ -25,7 +25,7 @@ LAYERS: dict[str, int] = {
     # 3: below the engine: the forward pass and the cache manager
     "forward": 3, "kvcache": 3,
     # 4: policies that run model work through the cache manager
-    "asks": 4,
+    "asks": 4, "labels": 4,
     # 3-4: model loading (dummy-weight models; runtime dispatches to them)
     "dummy": 3, "runtime": 4,
     # 5: the local engine; many searches' calls merged (over any engine)

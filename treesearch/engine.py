@@ -22,7 +22,8 @@ per prompt): each row's work is counted in its own search's Stats.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -40,6 +41,7 @@ from .model import LanguageModel
 from .seeds import stable_seed
 from .stats import Stats, distinct, per_row
 from .searches import SearchLedger
+from .labels import first_tokens_differ, label_sequences, label_tails
 from .tokens import TokenMemory, label_token_ids
 
 
@@ -164,7 +166,9 @@ class Engine:
     def score(self, prompts: Sequence[str], labels: Sequence[str], *, owners: Sequence[Any] | None = None,
               exit_rule: Callable[[int, torch.Tensor], Any] | None = None,
               stats: Stats | Sequence[Stats] | None = None) -> list[Score]:
-        """Probabilities of each label's first token right after each prompt, in one forward pass.
+        """Probabilities of each label right after each prompt: its whole token sequence's
+        (`treesearch.labels`), renormalised over the labels; one forward pass, plus one more for
+        the tokens after the first of multi-token labels.
 
         exit_rule(layer, label_probs [B, n_labels]) -> True stops the pass after that layer (CGEE);
         a pass cut short stores no K/V. A rule that returns a bool tensor [B] decides per row: the
@@ -173,13 +177,15 @@ class Engine:
         """
         if not prompts:
             return []
-        label_ids = self.label_token_ids(labels)
+        seqs = label_sequences(self.lm.tokenizer, labels)
+        if not first_tokens_differ(seqs):
+            exit_rule = None  # the logit lens cannot tell labels apart by their first token: run in full
         charge = per_row(len(prompts), stats, self.stats)
         self._calls += 1
         for st in distinct(charge):
             st.score_calls += 1
         return self._batched(prompts, owners, charge, 0, lambda rows, o, idx: self._score_batch(
-            rows, list(labels), label_ids, o, exit_rule))
+            rows, list(labels), seqs, o, exit_rule))
 
     def _batched(self, prompts: Sequence[str], owners: Sequence[Any] | None, charge: list[Stats], extra: int,
                  run: Callable) -> list:
@@ -297,7 +303,7 @@ class Engine:
         self._finish_batch(results, owners, rows)
         return results
 
-    def _score_batch(self, rows: list[Row], labels: list[str], label_ids: list[int], owners: list[Any] | None,
+    def _score_batch(self, rows: list[Row], labels: list[str], seqs: list[list[int]], owners: list[Any] | None,
                      exit_rule) -> list[Score]:
         self._prepare(rows)
         news = [r.ids[r.matched:] for r in rows]
@@ -305,7 +311,7 @@ class Engine:
         try:
             batch, out = self._prefill([r.chain for r in rows], news, [r.matched for r in rows],
                                        [r.stats for r in rows], held=held, want_logits=True, exit_rule=exit_rule,
-                                       exits=RowExits(len(rows)), label_ids=label_ids)
+                                       exits=RowExits(len(rows)), label_ids=[q[0] for q in seqs])
             for r in rows:
                 r.stats.reused_tokens += r.matched
             if isinstance(out, RowExits):  # per-row exit: each row has its own depth and batch row
@@ -313,6 +319,7 @@ class Engine:
             else:
                 per = [(out[0][b], out[1], b) for b in range(len(rows))]
             full = [layers == self.lm.num_layers for _, layers, _ in per]
+            tails = label_tails(self.forward, self.cache, rows, batch, per, full, seqs, held)
             ends = self._store_prompts(rows, batch, [len(t) for t in news], full, [p[2] for p in per])
         finally:
             for n in held:
@@ -320,8 +327,9 @@ class Engine:
         results = []
         for b, r in enumerate(rows):
             probs, layers_run, _ = per[b]
-            if full[b]:
-                raw = {lab: float(probs[i]) for lab, i in zip(labels, label_ids)}
+            if full[b]:  # whole sequences: the first token from this pass, the rest from the tails
+                raw = {lab: float(probs[q[0]]) * math.exp(tails.get((b, k), 0.0))
+                       for k, (lab, q) in enumerate(zip(labels, seqs))}
             else:
                 raw = {lab: float(probs[k]) for k, lab in enumerate(labels)}
             tot = sum(raw.values()) or 1.0

@@ -12,7 +12,8 @@ Contract (each method is called by the `Searcher`, never by strategies directly)
   text is data, never executed). A `(thought, state)` tuple is accepted for a Child.
 - Value, one of: `value(state) -> float | None` (programmatic, wins when not None) or
   `value_prompt(state) -> str` with `labels` {label text: weight}; the LM value is the expected
-  weight under the labels' next-token probabilities (one forward pass).
+  weight under the labels' probabilities after the prompt (each its whole token sequence's,
+  renormalised over the labels; `treesearch.labels`).
 - `is_terminal(state)`, `is_solved(state)`, `answer(state)`.
 - `value_range`: (low, high) that every value must fall in; NaN or out-of-range values raise.
 """

@@ -21,8 +21,8 @@ time, so the server can batch them):
   completions API returns token strings, not ids (nothing in a search needs the ids of a server).
   `finish` is "length", or "stop" where the server reports a stop string, else "eos".
 - score: `max_tokens=1`, `temperature=0`, `logprobs=top_logprobs` (default 20): the next token's
-  top-k log-probabilities. A label's probability is that of its first token (as in the local
-  engine), found in the top-k by the token's text. A label whose first token is not in the top-k
+  top-k log-probabilities. A label's probability is that of its first token (the local engine
+  scores whole label sequences), found in the top-k by the token's text. A label whose first token is not in the top-k
   gets the floor probability min(`label_floor`, smallest top-k probability) (default floor 1e-6:
   never above a listed token), counted in `stats.label_floor_hits`; `Score.probs` is renormalised
   over the labels, so it is always a distribution.
