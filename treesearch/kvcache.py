@@ -219,13 +219,15 @@ class CacheManager:
         """Fail before any work when the budget cannot run every row: what must stay cached (the
         pinned prompts, and the new prompt K/V of rows whose prompts are pinned) plus the largest
         need of any one row alone (its context and its batch buffer)."""
-        budget = self.store.budget
-        if budget is None or not rows:
+        if not rows:
             return
+        budget = self.store.budget
         must = [r for r in rows if r.must_store]
         need = max(min(self.need_bytes([r], extra, must), self.need_bytes([bare_copy(r)], extra, must))
                    for r in rows)
-        if need > budget:
+        for st in distinct([r.stats or self.stats for r in rows]):  # the least budget that runs it
+            st.least_budget_bytes = max(st.least_budget_bytes, need)
+        if budget is not None and need > budget:
             bpt = self.store.bytes_per_token
             raise CacheBudgetError(
                 f"cache_budget={budget} bytes cannot run this call: the pinned prompts and one row's context and "

@@ -22,6 +22,9 @@ class Stats:
     peak_kv_bytes: the most K/V held at once: the cache's blocks plus the running batches' own
     buffers (within cache_budget); peak_store_bytes: the cache's blocks alone. With several
     searches on one engine, both are the engine's peaks while the search ran.
+    least_budget_bytes: the largest minimum any call of the search had (the pinned prompts plus
+    one row's context and batch buffer, as the cache stood); a smaller cache_budget stops the same
+    search with CacheBudgetError, so it is where to start when choosing a budget.
     label_floor_hits: labels scored by a server (`treesearch.server`) whose first token was not in
     the server's top-k log-probabilities and got the floor probability instead.
     """
@@ -46,6 +49,7 @@ class Stats:
     label_floor_hits: int = 0
     peak_kv_bytes: int = 0
     peak_store_bytes: int = 0
+    least_budget_bytes: int = 0
     wall_s: float = 0.0
     verify_s: float = 0.0  # wall seconds spent in LM verification (valuation) calls, CGEE included
 

@@ -36,7 +36,8 @@ class RunResult:
         self.verify_s += float(stats.get("verify_s", 0.0) or 0.0)
         for k in SUM_FIELDS:
             self.stats[k] = self.stats.get(k, 0) + int(stats.get(k, 0) or 0)
-        self.stats["peak_kv_bytes"] = max(self.stats.get("peak_kv_bytes", 0), int(stats.get("peak_kv_bytes", 0)))
+        for k in ("peak_kv_bytes", "least_budget_bytes"):
+            self.stats[k] = max(self.stats.get(k, 0), int(stats.get(k, 0) or 0))
 
     def note(self, text: str) -> None:
         if text not in self.notes:

@@ -88,7 +88,7 @@ def run_all(lm: LanguageModel, workload: Workload, names: list[str], *, repeat: 
             mr.error = f"warm-up failed: {type(err).__name__}: {err}"
     order = [n for n in ENGINE_MODES if n in out.modes] + [n for n in out.modes if "@" in n]
     for _ in range(repeat):
-        exact_peak: dict[int, int | None] = {}  # per concurrency: exact's peak KV bytes
+        exact_peak: dict[int, tuple[int, int] | None] = {}  # per concurrency: exact's peak and least budget
         for name in order:
             mr = out.modes[name]
             if mr.error:
@@ -103,7 +103,8 @@ def run_all(lm: LanguageModel, workload: Workload, names: list[str], *, repeat: 
                 continue
             mr.runs.append(run)
             if base_name(name) == "exact":
-                exact_peak[mr.mode.concurrency] = run.stats.get("peak_kv_bytes")
+                exact_peak[mr.mode.concurrency] = (run.stats.get("peak_kv_bytes", 0),
+                                                   run.stats.get("least_budget_bytes", 0))
         if "hf-cb" in out.modes and not out.modes["hf-cb"].error:
             _replay(lm, workload, out, tick, replay_tokens)
     return out
@@ -124,14 +125,18 @@ def _run_mode(lm: LanguageModel, workload: Workload, mode: Mode, tick: Tick, ret
     raise AssertionError("unreachable")
 
 
-def _set_budget(mode: Mode, exact_peak: int | None, fraction: float) -> None:
+def _set_budget(mode: Mode, exact: tuple[int, int] | None, fraction: float) -> None:
+    """rksc's budget: the fraction of exact's peak K/V, raised to the least budget exact's calls
+    needed (below it a call cannot run at all)."""
     from .modes import feature_notes
 
-    budget = max(1, int(exact_peak * fraction)) if exact_peak and fraction > 0 else None
+    peak, least = exact or (0, 0)
+    budget = max(1, int(peak * fraction), least) if peak and fraction > 0 else None
     mode.config.cache_budget = budget
     mode.notes[:] = feature_notes(mode.config)
     if budget is not None:
-        mode.notes.append(f"cache_budget = {fraction:g} x exact's peak KV bytes")
+        raised = f", raised to exact's least budget {least} B" if least > int(peak * fraction) else ""
+        mode.notes.append(f"cache_budget = {fraction:g} x exact's peak KV bytes{raised}")
 
 
 def _replay(lm: LanguageModel, workload: Workload, out: BenchRuns, tick: Tick, replay_tokens: int | None) -> None:
