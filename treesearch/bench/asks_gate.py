@@ -43,7 +43,7 @@ class Record:
     changed: bool
 
     def to_json(self) -> dict:
-        return {"cos": list(self.cos), "tokens": self.tokens, "changed": self.changed}
+        return {"cos": [round(c, 7) for c in self.cos], "tokens": self.tokens, "changed": self.changed}
 
     @classmethod
     def from_json(cls, d: dict) -> Record:

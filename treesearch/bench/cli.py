@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
     p.add_argument("--branches", type=int, default=8, help="branch: branches per question (default 8)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fixed-length", action="store_true",
+                   help="branch, tree: every generation runs its full length (EOS and stop strings ignored), so "
+                        "models do the same work (dummy models always do)")
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="override the workload's generation length per call (default: the workload's)")
     p.add_argument("--rksc-budget", type=float, default=0.25, metavar="FRACTION",
@@ -132,12 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     from .results import FIXED_LENGTH_NOTE
     from .workloads import make_workload
 
-    args.fixed_length = is_dummy(args.model)
+    dummy = is_dummy(args.model)
+    args.fixed_length = dummy or args.fixed_length
     workload = make_workload(args.workload, args.task, start, end, branches=args.branches, seed=args.seed,
                              max_new_tokens=args.max_new_tokens, ignore_eos=args.fixed_length,
                              wordings=args.wordings)
-    if args.fixed_length:
+    if dummy:
         print(f"note: {args.model} has random weights: {FIXED_LENGTH_NOTE}")
+    elif args.fixed_length:
+        print("note: --fixed-length: every generation runs its full length (EOS and stop strings ignored)")
     if not workload.items:
         raise SystemExit(f"--range {start}:{end} selects no rows")
     import torch

@@ -151,7 +151,7 @@ def markdown(doc: dict) -> str:
     lines = [f"### treesearch bench {doc.get('workload')} ({doc.get('task')}, rows {doc.get('range')}, "
              f"{doc.get('items')} items, model {doc.get('model')}, repeat {doc.get('repeat')})", ""]
     if doc.get("fixed_length"):
-        lines += [f"Dummy weights on {doc.get('device')} ({doc.get('dtype')}): every generation runs its full "
+        lines += [f"Fixed lengths on {doc.get('device')} ({doc.get('dtype')}): every generation runs its full "
                   "length (EOS and stop strings ignored); timings only, accuracy means nothing.", ""]
     lines += ["| mode | wall s (median ± spread) | inputs/h | x vs nokv | x vs exact | prefill | decode | reused | "
               "unique | model calls | verify calls / skipped | verify layers run / full | peak KV MiB | accuracy | "

@@ -1,0 +1,142 @@
+"""`treesearch bench calibrate-asks`: fit ASKS's alpha and tau on the paraphrase workload, check them held out.
+
+1. Collect: for each question of the calibration rows (and then of the held-out rows), its k
+   wordings are answered and verified twice, with exact sharing and with the ASKS gate open
+   (every pair attaches), on two engines; every pair of the gate-open generate call is a record:
+   its per-layer cosines, the suffix tokens it reuses, and whether the attached wording's answer
+   or verdict differs from exact's (`treesearch.bench.asks_gate.Record`).
+2. Fit and check (`asks_gate.decide`): the (alpha, tau) attaching the most pairs with the changed
+   fraction's 95% Wilson upper bound <= --target (default 5%) on the calibration records; a fit
+   whose held-out bound exceeds the target, or that attaches nothing held out, is rejected and
+   the file keeps the gate shut (tau above any sigma), recording the rejected fit and why.
+3. Write treesearch/calibration/<model>.asks.json (or --out) with the figures and every record.
+
+    treesearch bench calibrate-asks --range 1000:1040 --eval-range 1040:1080 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .asks_gate import OPEN, TARGET, Record, decide, gate_path
+
+DEFAULT_RANGE = (1000, 1040)
+DEFAULT_EVAL = (1040, 1080)
+BENCH_ROWS = (0, 200)  # GSM8K rows the paraphrase bench and the claims table use: never calibrated on
+
+
+def _range(text: str) -> tuple[int, int]:
+    a, _, b = text.partition(":")
+    if not a.isdigit() or not b.isdigit() or int(b) <= int(a):
+        raise argparse.ArgumentTypeError(f"range {text!r}; use START:END with START < END, e.g. 1000:1040")
+    return int(a), int(b)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The arguments of `treesearch bench calibrate-asks`."""
+    p = argparse.ArgumentParser(prog="treesearch bench calibrate-asks", description=__doc__.split("\n\n")[0])
+    p.add_argument("--range", dest="calib", type=_range, default=DEFAULT_RANGE, metavar="A:B",
+                   help=f"GSM8K calibration rows (default {DEFAULT_RANGE[0]}:{DEFAULT_RANGE[1]})")
+    p.add_argument("--eval-range", dest="held", type=_range, default=DEFAULT_EVAL, metavar="A:B",
+                   help=f"held-out GSM8K rows (default {DEFAULT_EVAL[0]}:{DEFAULT_EVAL[1]})")
+    p.add_argument("--wordings", type=int, default=4, metavar="K", help="wordings per question (2-4; default 4)")
+    p.add_argument("--target", type=float, default=TARGET,
+                   help="answer-change rate of attached rows to bound (95%% Wilson upper; default 0.05)")
+    p.add_argument("--model", default=None, help="model folder or id (default: embedded SmolLM2-135M-Instruct; 'tiny')")
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N", help="reasoning tokens (default 48)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
+    p.add_argument("--out", default=None, metavar="PATH", help="calibration file (default: the shipped one)")
+    p.add_argument("--dry-run", action="store_true", help="print the result, write no file")
+    return p
+
+
+def check(args: argparse.Namespace) -> None:
+    """Ranges that do not overlap each other nor the bench rows (errors name the fix)."""
+    for flag, (a, b) in (("--range", args.calib), ("--eval-range", args.held)):
+        if a < BENCH_ROWS[1] and b > BENCH_ROWS[0]:
+            raise SystemExit(f"{flag} {a}:{b} overlaps the GSM8K rows {BENCH_ROWS[0]}:{BENCH_ROWS[1]} the paraphrase "
+                             f"bench measures; pick rows from {BENCH_ROWS[1]} on")
+    (a, b), (c, d) = args.calib, args.held
+    if a < d and c < b:
+        raise SystemExit(f"--eval-range {c}:{d} overlaps --range {a}:{b}; held-out rows must be other rows")
+    if not 2 <= args.wordings <= 4:
+        raise SystemExit(f"--wordings {args.wordings}; use 2, 3 or 4")
+    if not 0 < args.target < 1:
+        raise SystemExit(f"--target {args.target}; use a rate between 0 and 1, e.g. 0.05")
+
+
+def collect(lm, start: int, end: int, wordings: int, max_new_tokens: int | None, log=None) -> tuple[list[Record], dict]:
+    """The gate-open pairs of rows [start, end) as records, and what the two runs did (agreement, reuse)."""
+    from ..config import RKSCConfig, Sampling
+    from ..engine import Engine
+    from .branch import verifier
+    from .paraphrase import MAX_NEW_TOKENS, STOP, answer, decisions, load_items
+    from .results import RunResult
+
+    items, skipped = load_items(start, end, wordings)
+    sampling = Sampling(max_new_tokens=max_new_tokens or MAX_NEW_TOKENS, stop=STOP)
+    ex = Engine(lm, RKSCConfig(kv_sharing="exact"))
+    op = Engine(lm, RKSCConfig(kv_sharing="asks", asks_tau=OPEN))
+    vx, vo = (verifier(e, e.config, lm.name, "gsm8k", RunResult()) for e in (ex, op))
+    records: list[Record] = []
+    same = total = 0
+    reused = {"exact": 0, "open": 0}
+    t0 = time.perf_counter()
+    for n, item in enumerate(items):
+        for e in (ex, op):
+            e.new_search()
+        ax, px, _ = answer(ex, vx, item, sampling)
+        ao, po, gate = answer(op, vo, item, sampling)
+        reused["exact"] += ex.stats.reused_tokens
+        reused["open"] += op.stats.reused_tokens
+        dx, do = decisions(item, ax, px), decisions(item, ao, po)
+        same += sum(x == y for x, y in zip(dx, do))
+        total += len(dx)
+        for d in gate:
+            j = d["row"]
+            records.append(Record(tuple(d["cos"]), int(d["tokens"]), dx[j] != do[j]))
+        if log:
+            log(f"rows {start}:{end}: question {n + 1}/{len(items)} (row {item.row}), {len(records)} pairs, "
+                f"{sum(r.changed for r in records)} changed, {time.perf_counter() - t0:.0f} s")
+    meta = {"range": f"{start}:{end}", "questions": len(items), "rows_left_out": skipped, "wordings": wordings,
+            "gate_open_decisions_as_exact": same / total if total else None, "decisions": total,
+            "reused_tokens_exact": reused["exact"], "reused_tokens_gate_open": reused["open"]}
+    return records, meta
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str]) -> int:
+    """Collect, fit, check held out, write the file."""
+    args = build_parser().parse_args(argv)
+    check(args)
+    import torch
+
+    from ..runtime import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lm = load_model(args.model)
+    calib, cmeta = collect(lm, *args.calib, args.wordings, args.max_new_tokens, _log)
+    held, hmeta = collect(lm, *args.held, args.wordings, args.max_new_tokens, _log)
+    result = decide(calib, held, args.target)
+    doc = {"model": lm.name, "workload": "paraphrase", "alpha": result["alpha"], "tau": result["tau"],
+           "gate": result["gate"], "target": args.target, "command": "treesearch bench calibrate-asks " +
+           " ".join(argv), **{k: v for k, v in result.items() if k not in ("alpha", "tau", "gate")}}
+    doc["calibration"] = dict(doc["calibration"], **cmeta)
+    doc["heldout"] = dict(doc["heldout"], **hmeta)
+    summary = {k: v for k, v in doc.items()}
+    print(json.dumps(summary, indent=1))
+    doc["records"] = {"calibration": [r.to_json() for r in calib], "heldout": [r.to_json() for r in held]}
+    if not args.dry_run:
+        path = Path(args.out) if args.out else gate_path(lm.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        _log(f"wrote {path}")
+    return 0
