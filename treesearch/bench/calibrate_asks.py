@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", type=float, default=TARGET,
                    help="answer-change rate of attached rows to bound (95%% Wilson upper; default 0.05)")
     p.add_argument("--model", default=None, help="model folder or id (default: embedded SmolLM2-135M-Instruct; 'tiny')")
-    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N", help="reasoning tokens (default 48)")
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N", help="reasoning tokens (default 32)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
     p.add_argument("--out", default=None, metavar="PATH", help="calibration file (default: the shipped one)")
     p.add_argument("--dry-run", action="store_true", help="print the result, write no file")

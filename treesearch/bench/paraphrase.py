@@ -32,7 +32,7 @@ from .prompts import VERIFY_SUFFIX
 from .results import RunResult, Tick
 
 WORDINGS = 4  # wordings per question (at most 4 orders; 2 when a question has 2 facts)
-MAX_NEW_TOKENS = 48
+MAX_NEW_TOKENS = 32
 STOP = ("\n\n", "\nFacts:", "\nQuestion:")
 SHARED_PART = """
 Instructions: read the facts and the question above carefully. The facts may be listed in any order, and every one of them matters. Solve the problem step by step. In each step, name the quantity you compute, write the calculation with the numbers from the facts, and give its result. Keep every step short. Do not repeat the question and do not add new facts. When the last step gives the quantity the question asks for, finish with the sentence "The answer is N." where N is that number, written without units.
