@@ -95,6 +95,13 @@ def test_decide_ships_a_fit_that_holds_out_and_shuts_one_that_does_not():
     assert none["gate_open"]["heldout"]["attached"] == 15
 
 
+def test_separation_is_the_chance_that_a_kept_pair_has_the_higher_sigma():
+    assert asks_gate.separation(_records(8, 2), (0.0,)) == {"0": 1.0}
+    same = [Record((0.9,) * 4, 1, False), Record((0.9,) * 4, 1, True)]
+    assert asks_gate.separation(same, (0.0, 8.0)) == {"0": 0.5, "8": 0.5}
+    assert asks_gate.separation(_records(3, 0), (0.0,)) == {"0": None}
+
+
 def test_gate_file_is_read_and_named_in_the_mode_note(tmp_path, monkeypatch):
     assert asks_gate.load_gate("no-such-model") is None
     alpha, tau, note = asks_gate.gate_note("no-such-model")
@@ -145,6 +152,12 @@ def test_calibrate_asks_writes_the_file_with_its_records_tiny(tmp_path):
     assert doc["calibration"]["range"] == "1000:1002" and doc["heldout"]["range"] == "1002:1004"
     if doc["gate"] == "shut":
         assert doc["tau"] == SHUT and doc["why"]
+    again = tmp_path / "again.json"  # a refit from the saved records runs no model and decides the same
+    assert main(["--records", str(out), "--out", str(again)]) == 0
+    redo = json.loads(again.read_text())
+    assert {k: redo[k] for k in ("gate", "tau", "alpha", "calibration", "heldout", "records")} == \
+        {k: doc[k] for k in ("gate", "tau", "alpha", "calibration", "heldout", "records")}
+    assert redo["command"] == doc["command"] and redo["refit"].endswith(str(out) + " --out " + str(again))
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -81,18 +81,34 @@ def fit(records: list[Record], target: float = TARGET, alphas: tuple[float, ...]
     return best
 
 
+def separation(records: list[Record], alphas: tuple[float, ...] = ALPHAS) -> dict[str, float | None]:
+    """Per alpha, P(sigma of a kept pair > sigma of a changed pair), ties half (the AUC): 0.5 means sigma
+    cannot tell the pairs that keep their answer from those that change it; None without both kinds."""
+    out: dict[str, float | None] = {}
+    for alpha in alphas:
+        kept = [sigma_from_cosines(r.cos, alpha) for r in records if not r.changed]
+        changed = [sigma_from_cosines(r.cos, alpha) for r in records if r.changed]
+        if not kept or not changed:
+            out[f"{alpha:g}"] = None
+            continue
+        wins = sum((k > c) + 0.5 * (k == c) for k in kept for c in changed)
+        out[f"{alpha:g}"] = wins / (len(kept) * len(changed))
+    return out
+
+
 def decide(calib: list[Record], held: list[Record], target: float = TARGET) -> dict:
     """Fit on calib, check on held: the setting to ship (gate open) or the gate shut with the reason."""
     found = fit(calib, target)
+    auc = {"calibration": separation(calib), "heldout": separation(held)}
     if found is None:
         why = (f"no (alpha, tau) bounds the changed fraction at {target:.0%} on the {len(calib)} calibration "
                f"pairs (95% Wilson upper bound)")
         return {"alpha": 8.0, "tau": SHUT, "gate": "shut", "why": why, "calibration": outcome(calib, 8.0, SHUT),
-                "heldout": outcome(held, 8.0, SHUT), "gate_open": {"calibration": outcome(calib, 8.0, OPEN),
-                                                                   "heldout": outcome(held, 8.0, OPEN)}}
+                "heldout": outcome(held, 8.0, SHUT), "sigma_auc": auc,
+                "gate_open": {"calibration": outcome(calib, 8.0, OPEN), "heldout": outcome(held, 8.0, OPEN)}}
     alpha, tau = found["alpha"], found["tau"]
     h = outcome(held, alpha, tau)
-    out = {"alpha": alpha, "tau": tau, "gate": "open", "calibration": found, "heldout": h,
+    out = {"alpha": alpha, "tau": tau, "gate": "open", "calibration": found, "heldout": h, "sigma_auc": auc,
            "gate_open": {"calibration": outcome(calib, alpha, OPEN), "heldout": outcome(held, alpha, OPEN)}}
     why = None
     if h["attached"] == 0:

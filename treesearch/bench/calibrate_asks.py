@@ -11,7 +11,8 @@
    the file keeps the gate shut (tau above any sigma), recording the rejected fit and why.
 3. Write treesearch/calibration/<model>.asks.json (or --out) with the figures and every record.
 
-    treesearch bench calibrate-asks --range 1000:1040 --eval-range 1040:1080 --threads 1
+    treesearch bench calibrate-asks --range 1000:1045 --eval-range 1045:1090 --threads 1
+    treesearch bench calibrate-asks --records treesearch/calibration/SmolLM2-135M-Instruct.asks.json --dry-run
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from pathlib import Path
 
 from .asks_gate import OPEN, TARGET, Record, decide, gate_path
 
-DEFAULT_RANGE = (1000, 1040)
-DEFAULT_EVAL = (1040, 1080)
+DEFAULT_RANGE = (1000, 1045)
+DEFAULT_EVAL = (1045, 1090)
 BENCH_ROWS = (0, 200)  # GSM8K rows the paraphrase bench and the claims table use: never calibrated on
 
 
@@ -50,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N", help="reasoning tokens (default 32)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
     p.add_argument("--out", default=None, metavar="PATH", help="calibration file (default: the shipped one)")
+    p.add_argument("--records", default=None, metavar="PATH",
+                   help="refit on the records of an earlier calibration file (no model run; its ranges kept)")
     p.add_argument("--dry-run", action="store_true", help="print the result, write no file")
     return p
 
@@ -108,6 +111,24 @@ def collect(lm, start: int, end: int, wordings: int, max_new_tokens: int | None,
     return records, meta
 
 
+META = ("range", "questions", "rows_left_out", "wordings", "gate_open_decisions_as_exact", "decisions",
+        "reused_tokens_exact", "reused_tokens_gate_open")
+
+
+def _saved(path: str) -> tuple[list[Record], dict, list[Record], dict, str, str]:
+    """Records, collection figures, model and command of an earlier calibration file."""
+    p = Path(path)
+    if not p.exists():
+        raise SystemExit(f"--records {path}: no such file; give a calibration file written by calibrate-asks")
+    data = json.loads(p.read_text())
+    if "records" not in data:
+        raise SystemExit(f"--records {path}: the file has no records; rerun calibrate-asks without --records")
+    recs = {k: [Record.from_json(r) for r in v] for k, v in data["records"].items()}
+    metas = {k: {m: data[k][m] for m in META if m in data.get(k, {})} for k in ("calibration", "heldout")}
+    return (recs["calibration"], metas["calibration"], recs["heldout"], metas["heldout"], data["model"],
+            data.get("command", ""))
+
+
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -116,26 +137,32 @@ def main(argv: list[str]) -> int:
     """Collect, fit, check held out, write the file."""
     args = build_parser().parse_args(argv)
     check(args)
-    import torch
+    if args.records:
+        calib, cmeta, held, hmeta, model, command = _saved(args.records)
+    else:
+        import torch
 
-    from ..runtime import load_model
+        from ..runtime import load_model
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    lm = load_model(args.model)
-    calib, cmeta = collect(lm, *args.calib, args.wordings, args.max_new_tokens, _log)
-    held, hmeta = collect(lm, *args.held, args.wordings, args.max_new_tokens, _log)
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        lm = load_model(args.model)
+        model, command = lm.name, "treesearch bench calibrate-asks " + " ".join(argv)
+        calib, cmeta = collect(lm, *args.calib, args.wordings, args.max_new_tokens, _log)
+        held, hmeta = collect(lm, *args.held, args.wordings, args.max_new_tokens, _log)
     result = decide(calib, held, args.target)
-    doc = {"model": lm.name, "workload": "paraphrase", "alpha": result["alpha"], "tau": result["tau"],
-           "gate": result["gate"], "target": args.target, "command": "treesearch bench calibrate-asks " +
-           " ".join(argv), **{k: v for k, v in result.items() if k not in ("alpha", "tau", "gate")}}
+    doc = {"model": model, "workload": "paraphrase", "alpha": result["alpha"], "tau": result["tau"],
+           "gate": result["gate"], "target": args.target, "command": command,
+           **{k: v for k, v in result.items() if k not in ("alpha", "tau", "gate")}}
+    if args.records:
+        doc["refit"] = "treesearch bench calibrate-asks " + " ".join(argv)
     doc["calibration"] = dict(doc["calibration"], **cmeta)
     doc["heldout"] = dict(doc["heldout"], **hmeta)
     summary = {k: v for k, v in doc.items()}
     print(json.dumps(summary, indent=1))
     doc["records"] = {"calibration": [r.to_json() for r in calib], "heldout": [r.to_json() for r in held]}
     if not args.dry_run:
-        path = Path(args.out) if args.out else gate_path(lm.name)
+        path = Path(args.out) if args.out else gate_path(model)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=1) + "\n")
         _log(f"wrote {path}")
