@@ -10,6 +10,9 @@ A `dummy:NAME` model (random weights of a real shape, `treesearch.dummy`) writes
 branch and tree workloads generate fixed lengths (EOS and stop strings ignored), and the output says so.
 
     treesearch bench game24 --range 900:902 --modes exact,server --base-url http://127.0.0.1:8000/v1  # vs a server
+    treesearch bench paraphrase --range 0:8 --threads 1        # nokv, exact, asks, asks-open (ASKS's workload)
+    treesearch bench calibrate-asks --threads 1                # fit ASKS's gate, check it held out, ship it
+    treesearch bench claims --threads 1 --json claims.json     # the paper's claims, one table
 """
 
 from __future__ import annotations
