@@ -185,7 +185,9 @@ def test_paraphrase_real_model_asks_open_reuses_more_than_exact(real_lm):
     w = make_workload("paraphrase", None, 0, 2, max_new_tokens=8)
     doc = report.build(run_all(real_lm, w, ["exact", "asks", "asks-open"]), {"workload": "paraphrase"})
     m = doc["modes"]
-    assert m["asks-open"]["asks_attached"] == sum(len(it.wordings) - 1 for it in w.items) == 3
+    # the generate call attaches every wording but the first; verification prompts of equal length (the
+    # reasoning hit max_new_tokens) pair too, on the tokens after the reasoning
+    assert m["asks-open"]["asks_attached"] >= sum(len(it.wordings) - 1 for it in w.items) == 3
     assert m["asks-open"]["asks_extra_reused"] > 0 and m["asks-open"]["reused_tokens"] > m["exact"]["reused_tokens"]
     assert m["asks-open"]["prefill_tokens"] < m["exact"]["prefill_tokens"]
     assert 0.0 <= doc["agreement_vs_exact"]["asks-open"] <= 1.0

@@ -4,7 +4,10 @@
    wordings are answered and verified twice, with exact sharing and with the ASKS gate open
    (every pair attaches), on two engines; every pair of the gate-open generate call is a record:
    its per-layer cosines, the suffix tokens it reuses, and whether the attached wording's answer
-   or verdict differs from exact's (`treesearch.bench.asks_gate.Record`).
+   or verdict differs from exact's (`treesearch.bench.asks_gate.Record`). The gate-open reasoning
+   is verified exactly, so a change is the generate call's attachment's doing alone. (In the asks
+   mode, verification prompts of equal length pair too, on the last few tokens after the reasoning;
+   the same tau gates them, uncalibrated.)
 2. Fit and check (`asks_gate.decide`): the (alpha, tau) attaching the most pairs with the changed
    fraction's 95% Wilson upper bound <= --target (default 5%) on the calibration records; a fit
    whose held-out bound exceeds the target, or that attaches nothing held out, is rejected and
@@ -77,14 +80,14 @@ def collect(lm, start: int, end: int, wordings: int, max_new_tokens: int | None,
     from ..config import RKSCConfig, Sampling
     from ..engine import Engine
     from .branch import verifier
-    from .paraphrase import MAX_NEW_TOKENS, STOP, answer, decisions, load_items
+    from .paraphrase import MAX_NEW_TOKENS, STOP, decisions, load_items
     from .results import RunResult
 
     items, skipped = load_items(start, end, wordings)
     sampling = Sampling(max_new_tokens=max_new_tokens or MAX_NEW_TOKENS, stop=STOP)
     ex = Engine(lm, RKSCConfig(kv_sharing="exact"))
     op = Engine(lm, RKSCConfig(kv_sharing="asks", asks_tau=OPEN))
-    vx, vo = (verifier(e, e.config, lm.name, "gsm8k", RunResult()) for e in (ex, op))
+    vx = verifier(ex, ex.config, lm.name, "gsm8k", RunResult())
     records: list[Record] = []
     same = total = 0
     reused = {"exact": 0, "open": 0}
@@ -92,10 +95,15 @@ def collect(lm, start: int, end: int, wordings: int, max_new_tokens: int | None,
     for n, item in enumerate(items):
         for e in (ex, op):
             e.new_search()
-        ax, px, _ = answer(ex, vx, item, sampling)
-        ao, po, gate = answer(op, vo, item, sampling)
-        reused["exact"] += ex.stats.reused_tokens
+        gx = ex.generate(list(item.wordings), sampling)
+        reused["exact"] += ex.stats.reused_tokens  # the generate calls' reuse, side by side
+        go = op.generate(list(item.wordings), sampling)  # the gate-open call; its pairs are the records
         reused["open"] += op.stats.reused_tokens
+        gate = list(op.asks_log)
+        # both verified on the exact engine (results never depend on its cache), so a changed verdict comes
+        # from the generate call's attachment alone, never from a pair of a verification call
+        ax, px = _answers(vx, item, gx)
+        ao, po = _answers(vx, item, go)
         dx, do = decisions(item, ax, px), decisions(item, ao, po)
         same += sum(x == y for x, y in zip(dx, do))
         total += len(dx)
@@ -106,13 +114,15 @@ def collect(lm, start: int, end: int, wordings: int, max_new_tokens: int | None,
             log(f"rows {start}:{end}: question {n + 1}/{len(items)} (row {item.row}), {len(records)} pairs, "
                 f"{sum(r.changed for r in records)} changed, {time.perf_counter() - t0:.0f} s")
     meta = {"range": f"{start}:{end}", "questions": len(items), "rows_left_out": skipped, "wordings": wordings,
+            "verified": "exactly (both sides), so changes come from the generate call's attachments",
             "gate_open_decisions_as_exact": same / total if total else None, "decisions": total,
-            "reused_tokens_exact": reused["exact"], "reused_tokens_gate_open": reused["open"]}
+            "generate_reused_tokens_exact": reused["exact"], "generate_reused_tokens_gate_open": reused["open"]}
     return records, meta
 
 
 META = ("range", "questions", "rows_left_out", "wordings", "gate_open_decisions_as_exact", "decisions",
-        "reused_tokens_exact", "reused_tokens_gate_open")
+        "reused_tokens_exact", "reused_tokens_gate_open", "generate_reused_tokens_exact",
+        "generate_reused_tokens_gate_open", "verified")
 
 
 def _saved(path: str) -> tuple[list[Record], dict, list[Record], dict, str, str]:
@@ -127,6 +137,16 @@ def _saved(path: str) -> tuple[list[Record], dict, list[Record], dict, str, str]
     metas = {k: {m: data[k][m] for m in META if m in data.get(k, {})} for k in ("calibration", "heldout")}
     return (recs["calibration"], metas["calibration"], recs["heldout"], metas["heldout"], data["model"],
             data.get("command", ""))
+
+
+def _answers(v, item, gens) -> tuple[list[str | None], list[float]]:
+    """Each wording's number and P(yes), verified by v."""
+    from ..tasks.gsm8k import extract_number
+    from .branch import verify
+    from .prompts import VERIFY_SUFFIX
+
+    values = verify(v, [w + g.text + VERIFY_SUFFIX for w, g in zip(item.wordings, gens)], [g.confidence for g in gens])
+    return [extract_number(g.text) for g in gens], values
 
 
 def _log(msg: str) -> None:
