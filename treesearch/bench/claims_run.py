@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads for every run")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the table and the runs")
     p.add_argument("--markdown", default=None, metavar="PATH", help="write the table as markdown")
+    p.add_argument("--from", dest="saved", default=None, metavar="PATH",
+                   help="rebuild the table from the runs of an earlier --json file (no model run)")
     return p
 
 
@@ -79,9 +81,28 @@ def run_bench(argv: list[str]) -> dict:
         return json.loads(path.read_text())
 
 
+def clean_command(command: str) -> str:
+    """The bench command as a user would type it (without the --json file and --no-progress added here)."""
+    parts = command.split()
+    out = []
+    skip = False
+    for p in parts:
+        if skip:
+            skip = False
+            continue
+        if p == "--json":
+            skip = True
+            continue
+        if p != "--no-progress":
+            out.append(p)
+    return " ".join(out)
+
+
 def slim(doc: dict) -> dict:
     """A bench document without its decision lists (kept: counters, ratios, agreement, notes)."""
     out = {k: v for k, v in doc.items() if k not in KEEP_OUT}
+    if "command" in out:
+        out["command"] = clean_command(out["command"])
     out["modes"] = {m: {k: v for k, v in e.items() if k not in KEEP_OUT} for m, e in doc["modes"].items()}
     return out
 
@@ -94,6 +115,8 @@ def main(argv: list[str]) -> int:
     from .cli import machine
 
     args = build_parser().parse_args(argv)
+    if args.saved:
+        return _rebuild(args)
     runs = plan(args)
     t0 = time.perf_counter()
     docs: dict = {"models": {}}
@@ -114,6 +137,30 @@ def main(argv: list[str]) -> int:
     table = claims.rows(docs)
     meta = {"model": default, "size": "full" if args.full else "small", "wall_min": wall,
             "command": "treesearch bench claims " + " ".join(argv), "machine": machine()}
+    return _write(args, table, meta, docs)
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    """The table again from saved runs (the measured figures as they were; commands cleaned)."""
+    from . import claims
+
+    path = Path(args.saved)
+    if not path.exists():
+        raise SystemExit(f"--from {path}: no such file; give a file written by treesearch bench claims --json")
+    saved = json.loads(path.read_text())
+    docs = saved["runs"]
+    for key, doc in list(docs.items()):
+        if isinstance(doc, dict) and "command" in doc:
+            doc["command"] = clean_command(doc["command"])
+    for doc in docs.get("models", {}).values():
+        doc["command"] = clean_command(doc.get("command", ""))
+    meta = {k: v for k, v in saved.items() if k not in ("claims", "runs")}
+    return _write(args, claims.rows(docs), meta, docs)
+
+
+def _write(args: argparse.Namespace, table: list[dict], meta: dict, docs: dict) -> int:
+    from . import claims
+
     text = claims.markdown(table, meta)
     print("\n" + text)
     if args.json_path:
