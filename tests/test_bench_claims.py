@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 from treesearch.bench import claims
-from treesearch.bench.claims_run import build_parser, plan, run_bench, slim
+import json
+
+from treesearch.bench.claims_run import build_parser, clean_command, main, plan, run_bench, slim
 
 
 def _entry(**kw) -> dict:
@@ -112,3 +114,18 @@ def test_a_tiny_bench_document_makes_the_asks_rows(tmp_path):
     reuse = rows["ASKS reuse over exact matching, diverse phrasing"]
     assert reuse["value"] is not None and reuse["command"] == doc["command"]
     assert "asks-open" in reuse["reason"] or reuse["verdict"] == "reproduced"
+
+
+def test_commands_are_cleaned_and_a_saved_table_is_rebuilt(tmp_path):
+    assert clean_command("treesearch bench tree --range 0:1 --json /tmp/x.json --no-progress --threads 1") == \
+        "treesearch bench tree --range 0:1 --threads 1"
+    doc = _doc("treesearch bench tree --json /tmp/a.json --no-progress", rksc=_entry(speedup_vs_nokv=2.0),
+               exact=_entry(speedup_vs_nokv=2.0))
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps({"model": "M", "size": "small", "wall_min": 3.0, "claims": [],
+                                 "runs": {"tree": doc, "models": {}}}))
+    out, md = tmp_path / "again.json", tmp_path / "again.md"
+    assert main(["--from", str(saved), "--json", str(out), "--markdown", str(md)]) == 0
+    again = json.loads(out.read_text())
+    assert again["wall_min"] == 3.0 and again["runs"]["tree"]["command"] == "treesearch bench tree"
+    assert again["claims"][0]["value"] == 2.0 and "(M, small slices, 3.0 min)" in md.read_text()
