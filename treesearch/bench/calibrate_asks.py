@@ -149,6 +149,17 @@ def _answers(v, item, gens) -> tuple[list[str | None], list[float]]:
     return [extract_number(g.text) for g in gens], values
 
 
+def dump(doc: dict) -> str:
+    """The file's JSON: indented, one line per record."""
+    head = json.dumps({k: v for k, v in doc.items() if k != "records"}, indent=1)
+    parts = []
+    for key, recs in doc.get("records", {}).items():
+        lines = ",\n".join("   " + json.dumps(r, separators=(",", ":")) for r in recs)
+        parts.append(f'  {json.dumps(key)}: [\n{lines}\n  ]')
+    records = ' "records": {\n' + ",\n".join(parts) + "\n }"
+    return head[:-2] + ",\n" + records + "\n}\n"
+
+
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -184,6 +195,6 @@ def main(argv: list[str]) -> int:
     if not args.dry_run:
         path = Path(args.out) if args.out else gate_path(model)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=1) + "\n")
+        path.write_text(dump(doc))
         _log(f"wrote {path}")
     return 0
