@@ -2,7 +2,7 @@
 
 Each measurement is an ordinary `treesearch bench ...` command (run in this process, its JSON
 kept), so every row of the table names a command that reproduces it alone. Small slices by
-default (about 10-15 minutes with one CPU thread on a 2-core machine); --full runs larger ones.
+default (21.8 minutes measured with one CPU thread on a busy 2-core machine); --full runs larger ones.
 The table itself comes from `treesearch.bench.claims` (pure), with the shipped CGEE and ASKS
 calibrations of the default model.
 
