@@ -36,7 +36,7 @@ BENCH_ROWS = (0, 200)  # GSM8K rows the paraphrase bench and the claims table us
 def _range(text: str) -> tuple[int, int]:
     a, _, b = text.partition(":")
     if not a.isdigit() or not b.isdigit() or int(b) <= int(a):
-        raise argparse.ArgumentTypeError(f"range {text!r}; use START:END with START < END, e.g. 1000:1040")
+        raise argparse.ArgumentTypeError(f"range {text!r}; use START:END with START < END, e.g. 1000:1045")
     return int(a), int(b)
 
 
