@@ -46,11 +46,12 @@ ERRORS = [
     (["bench", "game24", "--model", "/nonexistent/path"], f"--model /nonexistent/path {MODEL_HELP}"),
     (["bench", "game24", "--threads", "0"], "--threads 0: use at least 1 thread"),
     (["bench", "game24", "--repeat", "0"], "--repeat 0: use at least 1 timed round"),
-    (["bench", "game24", "--modes", "fast"], "unknown mode 'fast'; choose from nokv, exact, cgee, rksc, server, hf-cb"),
+    (["bench", "game24", "--modes", "fast"],
+     "unknown mode 'fast'; choose from nokv, exact, asks, asks-open, cgee, rksc, server, hf-cb"),
     (["bench", "game24", "--range", "5:1"], "--range '5:1'; need 0 <= START < END"),
     (["bench", "tree", "--task", "mmlu_stem"], "--task mmlu_stem: the tree workload runs on gsm8k only; leave --task out"),
-    (["bench", "chess"], "argument workload: invalid choice: 'chess' (choose from 'game24', 'branch', 'tree'); "
-                         "see treesearch bench --help"),
+    (["bench", "chess"], "argument workload: invalid choice: 'chess' (choose from 'game24', 'branch', 'tree', "
+                         "'paraphrase'); see treesearch bench --help"),
 ]
 
 

@@ -173,4 +173,7 @@ class Gate:
             r.asks_ref = p.ref
             r.stats.asks_attached += 1
             r.stats.asks_extra_reused += n - 1 - hi
+        before = {i: rows[i].matched for i in order}
         cache.lookup(rows)
+        for i in order:  # the pre-pass's tokens now look cached: they were computed, not reused
+            rows[i].prepass += ends[i] - before[i]

@@ -272,7 +272,7 @@ class Engine:
             batch, logits = self._prefill([r.chain for r in rows], news, [r.matched for r in rows], charge,
                                           held=held, extra=sampling.max_new_tokens, want_logits=True)
             for r in rows:
-                r.stats.reused_tokens += r.matched
+                r.stats.reused_tokens += r.matched - r.prepass
             ends = self._store_prompts(rows, batch, lens)
             if self.config.shares:
                 self.cache.pin_prompts(ends, owners)
@@ -298,7 +298,7 @@ class Engine:
             self.searches.saw(r.stats, r.ids + gens[b][:-1])
             r.stats.generated_tokens += len(gens[b])
             results.append(Generation(text=cut_at_stop(text, sampling.stop), token_ids=gens[b], logprobs=logps[b],
-                                      finish=finish[b], prompt_tokens=len(r.ids), reused_tokens=r.matched,
+                                      finish=finish[b], prompt_tokens=len(r.ids), reused_tokens=r.matched - r.prepass,
                                       handle=ends[b]))
         self._finish_batch(results, owners, rows)
         return results
@@ -313,7 +313,7 @@ class Engine:
                                        [r.stats for r in rows], held=held, want_logits=True, exit_rule=exit_rule,
                                        exits=RowExits(len(rows)), label_ids=[q[0] for q in seqs])
             for r in rows:
-                r.stats.reused_tokens += r.matched
+                r.stats.reused_tokens += r.matched - r.prepass
             if isinstance(out, RowExits):  # per-row exit: each row has its own depth and batch row
                 per = [(out.probs[b], out.layers[b], out.batch_row[b]) for b in range(len(rows))]
             else:
@@ -335,7 +335,7 @@ class Engine:
             tot = sum(raw.values()) or 1.0
             self.searches.saw(r.stats, r.ids)
             results.append(Score(probs={k: v / tot for k, v in raw.items()}, raw=raw, layers_run=layers_run,
-                                 reused_tokens=r.matched, handle=ends[b]))
+                                 reused_tokens=r.matched - r.prepass, handle=ends[b]))
         self._finish_batch(results, owners, rows)
         return results
 

@@ -51,6 +51,7 @@ class Row:
     matched: int = 0  # tokens served from the cache (the chain's length)
     asks_ref: int | None = None  # row (in this batch) whose K/V this row attached to
     asks_sigma: float | None = None
+    prepass: int = 0  # of `matched`, tokens computed earlier in this call (a shared run, ASKS's pre-pass): not reused
     bare: bool = False  # attend over no cached prefix: compute the whole prompt (a budget too small for both)
     cut: int = 0  # cached tokens a bare row computes again (counted as recomputed)
     must_store: bool = False  # its prompt's K/V must be cached (a pinned owner's, e.g. the root's)
@@ -183,6 +184,8 @@ class CacheManager:
     # -- planning a call ------------------------------------------------------------------------------
     def prepare(self, rows: list[Row]) -> None:
         """Look every row up and compute shared runs once."""
+        for r in rows:
+            r.prepass = 0
         self.lookup(rows)
         self.share_runs(rows)
 
@@ -293,6 +296,7 @@ class CacheManager:
                     end = (r.chain[-1][0].id, r.chain[-1][1]) if r.chain else (0, 0)
                     groups.setdefault((end, r.ids[r.matched]), []).append(r)
             runs: list[tuple[Chain, list[int], int, list[int], Stats]] = []  # counted in the first row's stats
+            firsts: list[tuple[Row, int]] = []
             for members in groups.values():
                 if len(members) < 2:
                     continue
@@ -304,6 +308,7 @@ class CacheManager:
                 if lcp >= self.share_min_tokens:
                     runs.append((first.chain, first.ids[first.matched:first.matched + lcp], first.matched,
                                  first.ids[:first.matched + lcp], first.stats or self.stats))
+                    firsts.append((first, lcp))
             if not runs:
                 return
             for run in runs:
@@ -318,6 +323,8 @@ class CacheManager:
             for kv, (_, toks, start, ids, charge) in zip(kvs, runs):
                 self.insert(ids, start, kv, charge=charge)
             self.lookup(rows)
+            for first, lcp in firsts:  # the row that computed a shared run did not reuse it
+                first.prepass += lcp
 
     # -- storing and residency --------------------------------------------------------------------------
     def store_kv(self, ids: list[int], start: int, kv: Any, *, free_only: bool = False,

@@ -220,20 +220,27 @@ def check_solve(args: argparse.Namespace) -> SolvePlan:
 
 def check_bench(argv: list[str]) -> argparse.Namespace:
     """`treesearch bench`'s arguments parsed and checked as `treesearch.bench.cli.main` reads them."""
-    from .bench.cli import build_parser, parse_range
+    from .bench.cli import SUBCOMMANDS, build_parser, modes_for, parse_range
     from .bench.modes import parse_modes
 
-    parser = build_parser()
+    if argv and argv[0] in SUBCOMMANDS:
+        from .bench.commands import build_subparser
+
+        parser = build_subparser(argv[0])
+        argv = argv[1:]
+    else:
+        parser = build_parser()
     parser.error = lambda message: _raise(usage_error(parser.prog, message))  # type: ignore[method-assign]
     args = parser.parse_args(argv)
     check_flags(args)
-    try:
-        parse_modes(args.modes)
-        parse_range(args.rows, args.workload)
-    except SystemExit as exc:
-        raise UsageError(one_line(Exception(exc.code))) from None
-    if args.workload == "tree" and args.task not in (None, "gsm8k"):
-        raise UsageError(f"--task {args.task}: the tree workload runs on gsm8k only; leave --task out")
+    if hasattr(args, "workload"):
+        try:
+            parse_modes(modes_for(args))
+            parse_range(args.rows, args.workload)
+        except SystemExit as exc:
+            raise UsageError(one_line(Exception(exc.code))) from None
+    if getattr(args, "workload", None) in ("tree", "paraphrase") and args.task not in (None, "gsm8k"):
+        raise UsageError(f"--task {args.task}: the {args.workload} workload runs on gsm8k only; leave --task out")
     check_model_flags(args)
     return args
 

@@ -10,6 +10,9 @@ A `dummy:NAME` model (random weights of a real shape, `treesearch.dummy`) writes
 branch and tree workloads generate fixed lengths (EOS and stop strings ignored), and the output says so.
 
     treesearch bench game24 --range 900:902 --modes exact,server --base-url http://127.0.0.1:8000/v1  # vs a server
+    treesearch bench paraphrase --range 0:8 --threads 1        # nokv, exact, asks, asks-open (ASKS's workload)
+    treesearch bench calibrate-asks --threads 1                # fit ASKS's gate, check it held out, ship it
+    treesearch bench claims --threads 1 --json claims.json     # the paper's claims, one table
 """
 
 from __future__ import annotations
@@ -22,18 +25,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-DEFAULT_RANGES = {"game24": (900, 903), "branch": (0, 5), "tree": (0, 2)}
+DEFAULT_RANGES = {"game24": (900, 903), "branch": (0, 5), "tree": (0, 2), "paraphrase": (0, 8)}
+DEFAULT_MODES = {"paraphrase": "nokv,exact,asks,asks-open"}
+SUBCOMMANDS = ("calibrate-asks", "claims")  # bench commands with their own parsers
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="treesearch bench", description="Benchmark nokv, exact, cgee, rksc and hf-cb side by side.")
-    p.add_argument("workload", choices=["game24", "branch", "tree"])
+    p.add_argument("workload", choices=["game24", "branch", "tree", "paraphrase"],
+                   help="also: 'treesearch bench calibrate-asks --help', 'treesearch bench claims --help'")
     p.add_argument("--task", default=None, choices=["gsm8k", "arc_challenge", "mmlu_stem"],
                    help="branch: dataset (default gsm8k); tree: gsm8k only")
     p.add_argument("--range", dest="rows", default=None, metavar="START:END",
                    help="input rows [START, END) (default: game24 900:903, branch 0:5, tree 0:2)")
-    p.add_argument("--modes", default="nokv,exact,rksc,hf-cb", help="comma-separated subset of nokv,exact,cgee,rksc,hf-cb "
-                   "(cgee = exact + CGEE only, for the verification time with CGEE off vs on)")
+    p.add_argument("--modes", default=None, help="comma-separated subset of nokv,exact,asks,asks-open,cgee,rksc,hf-cb "
+                   "(default nokv,exact,rksc,hf-cb; paraphrase: nokv,exact,asks,asks-open) (cgee = exact + CGEE "
+                   "only, for the verification time with CGEE off vs on; asks = the shipped ASKS calibration, "
+                   "asks-open = the gate open)")
+    p.add_argument("--wordings", type=int, default=4, metavar="K",
+                   help="paraphrase: wordings per question (2-4 fact orders; default 4)")
     p.add_argument("--repeat", type=int, default=1, help="timed rounds after the warm-up (median and spread)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write everything as JSON")
     p.add_argument("--plot", default=None, metavar="PATH", help="write a PNG (speedup and tokens per mode)")
@@ -44,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
     p.add_argument("--branches", type=int, default=8, help="branch: branches per question (default 8)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fixed-length", action="store_true",
+                   help="branch, tree: every generation runs its full length (EOS and stop strings ignored), so "
+                        "models do the same work (dummy models always do)")
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="override the workload's generation length per call (default: the workload's)")
     p.add_argument("--rksc-budget", type=float, default=0.25, metavar="FRACTION",
@@ -74,6 +87,11 @@ def parse_range(text: str | None, workload: str) -> tuple[int, int]:
     return start, end
 
 
+def modes_for(args: argparse.Namespace) -> str:
+    """--modes as given, else the workload's default modes."""
+    return args.modes or DEFAULT_MODES.get(args.workload, "nokv,exact,rksc,hf-cb")
+
+
 def machine() -> dict:
     """CPU model and core count (from lscpu where available), platform and library versions."""
     import torch
@@ -100,10 +118,15 @@ def machine() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        from .commands import run_subcommand
+
+        return run_subcommand(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     args.argv = argv
     from .modes import concurrent_names, parse_modes
 
+    args.modes = modes_for(args)
     names = concurrent_names(parse_modes(args.modes), args.concurrency)
     if args.concurrency > 1 and args.workload != "game24":
         raise SystemExit(f"--concurrency runs searches at once: the game24 workload has them, {args.workload} does not")
@@ -115,11 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     from .results import FIXED_LENGTH_NOTE
     from .workloads import make_workload
 
-    args.fixed_length = is_dummy(args.model)
+    dummy = is_dummy(args.model)
+    args.fixed_length = dummy or args.fixed_length
     workload = make_workload(args.workload, args.task, start, end, branches=args.branches, seed=args.seed,
-                             max_new_tokens=args.max_new_tokens, ignore_eos=args.fixed_length)
-    if args.fixed_length:
+                             max_new_tokens=args.max_new_tokens, ignore_eos=args.fixed_length,
+                             wordings=args.wordings)
+    if dummy:
         print(f"note: {args.model} has random weights: {FIXED_LENGTH_NOTE}")
+    elif args.fixed_length:
+        print("note: --fixed-length: every generation runs its full length (EOS and stop strings ignored)")
     if not workload.items:
         raise SystemExit(f"--range {start}:{end} selects no rows")
     import torch

@@ -5,8 +5,14 @@
          serving engine's prefix cache it keeps the last item's prompt K/V for the next item).
 - cgee:  exact + cgee=True (thresholds: the shipped calibration), nothing else: beside exact it
          shows what CGEE alone does to the verification (scoring) time, `verify_s`.
-- rksc:  exact (or "asks" where RKSCConfig's default turns it on) + cgee=True + a cache budget for
-         RSBCM, built from RKSCConfig flags only; `feature_notes` lists what it switches on.
+- asks:  RKSCConfig(kv_sharing="asks") with the model's shipped ASKS calibration
+         (treesearch/calibration/<model>.asks.json, `treesearch.bench.asks_gate`; RKSCConfig's
+         defaults where there is none): exact sharing plus the hidden-state gate.
+- asks-open: kv_sharing="asks" with the gate open (tau = -1: every pair attaches): the most ASKS
+         can reuse, and what that costs in answers.
+- rksc:  exact (asks with the shipped calibration where that opens the gate for the model, or
+         where RKSCConfig's default turns it on) + cgee=True + a cache budget for RSBCM;
+         `feature_notes` lists what it switches on.
 - server: an OpenAI-compatible server (`--base-url`), exact sharing by the server's own prefix cache;
          the same workload through `treesearch.server.ServerEngine` (`treesearch.bench.backends`).
 - hf-cb: transformers' `generate_batch` continuous batching with block sharing, replaying the
@@ -21,8 +27,8 @@ from typing import Any
 from ..cgee import load_thresholds, thresholds_for
 from ..config import RKSCConfig
 
-MODES = ("nokv", "exact", "cgee", "rksc", "server", "hf-cb")
-ENGINE_MODES = ("nokv", "exact", "cgee", "rksc", "server")
+MODES = ("nokv", "exact", "asks", "asks-open", "cgee", "rksc", "server", "hf-cb")
+ENGINE_MODES = ("nokv", "exact", "asks", "asks-open", "cgee", "rksc", "server")
 
 
 @dataclass
@@ -65,15 +71,22 @@ def parse_modes(text: str) -> list[str]:
     return out
 
 
-def rksc_config(cache_budget: int | None) -> RKSCConfig:
-    """exact (or asks, where that is the default) + CGEE + a cache budget."""
+def rksc_config(cache_budget: int | None, model_name: str | None = None) -> RKSCConfig:
+    """exact (or asks: the model's shipped gate when it is open, or RKSCConfig's default) + CGEE + a cache budget."""
+    from .asks_gate import load_gate
+
+    gate = load_gate(model_name) if model_name else None
+    if gate is not None and gate.get("gate") == "open":
+        return RKSCConfig(kv_sharing="asks", asks_alpha=float(gate["alpha"]), asks_tau=float(gate["tau"]),
+                          cgee=True, cache_budget=cache_budget)
     sharing = "asks" if RKSCConfig().kv_sharing == "asks" else "exact"
     return RKSCConfig(kv_sharing=sharing, cgee=True, cache_budget=cache_budget)
 
 
-def make_mode(name: str, cache_budget: int | None = None) -> Mode:
+def make_mode(name: str, cache_budget: int | None = None, model_name: str | None = None) -> Mode:
+    """The mode named on the command line; model_name picks the model's shipped ASKS calibration."""
     if "@" in name:  # a concurrent variant: the base mode with N searches in flight
-        mode = make_mode(base_name(name), cache_budget)
+        mode = make_mode(base_name(name), cache_budget, model_name)
         mode.name, mode.concurrency = name, int(name.split("@", 1)[1])
         mode.notes.append(f"{mode.concurrency} searches in flight at once (Searcher.solve_many), model calls batched")
         return mode
@@ -81,12 +94,22 @@ def make_mode(name: str, cache_budget: int | None = None) -> Mode:
         return Mode(name, RKSCConfig(kv_sharing="off"))
     if name == "exact":
         return Mode(name, RKSCConfig(kv_sharing="exact"))
+    if name == "asks":
+        from .asks_gate import gate_note
+
+        alpha, tau, note = gate_note(model_name or "")
+        return Mode(name, RKSCConfig(kv_sharing="asks", asks_alpha=alpha, asks_tau=tau), [note])
+    if name == "asks-open":
+        from .asks_gate import OPEN
+
+        return Mode(name, RKSCConfig(kv_sharing="asks", asks_tau=OPEN),
+                    [f"ASKS gate open (tau={OPEN:g}): every pair attaches; not a shipped setting"])
     if name == "cgee":
         mode = Mode(name, RKSCConfig(kv_sharing="exact", cgee=True))
         mode.notes.append("exact + CGEE only (no cache budget, no ASKS): compare its verify s with exact's")
         return mode
     if name == "rksc":
-        mode = Mode(name, rksc_config(cache_budget))
+        mode = Mode(name, rksc_config(cache_budget, model_name))
         mode.notes += feature_notes(mode.config)
         return mode
     if name == "server":
@@ -106,9 +129,9 @@ def feature_notes(config: RKSCConfig) -> list[str]:
     else:
         notes.append(f"RSBCM: cache_budget={config.cache_budget} B")
     if config.kv_sharing == "asks":
-        notes.append("ASKS: on (RKSCConfig default)")
+        notes.append(f"ASKS: on (alpha={config.asks_alpha:g}, tau={config.asks_tau:g})")
     else:
-        notes.append("ASKS: off (not on by default in RKSCConfig)")
+        notes.append("ASKS: off (no open shipped ASKS gate for the model, not on by default in RKSCConfig)")
     return notes
 
 

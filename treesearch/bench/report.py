@@ -9,6 +9,9 @@ Definitions (all from the recorded counters and wall times):
   included (Stats.verify_s summed over items); verify_speedup_vs_exact = exact.verify_s / verify_s,
   i.e. how much faster verification ran than with exact sharing alone (CGEE off).
 - accuracy: fraction of items answered correctly (game24: solved; branch/tree: final answer).
+- agreement_vs_exact[mode]: the same against exact's decisions (None without an exact run).
+- asks_attached / asks_extra_reused: rows whose prompt attached to another row's K/V (ASKS) and
+  the tokens that saved; reused_tokens counts them, never ASKS's pre-pass (computed, not reused).
 - agreement[mode]: fraction of decisions (kept states per step, per-branch and final answers)
   equal to nokv's (exact's when nokv did not run), compared position by position (a missing
   decision counts as a disagreement); `agreement_reference` names the mode compared against.
@@ -28,7 +31,7 @@ FIELDS = ("wall_s", "prefill_tokens", "decode_tokens", "reused_tokens", "unique_
           "verify_calls", "verify_skipped", "verify_layers_run", "verify_layers_full", "peak_kv_bytes", "accuracy")
 COUNTERS = ("prefill_tokens", "decode_tokens", "reused_tokens", "unique_tokens", "generated_tokens", "model_calls",
             "verify_calls", "verify_skipped", "verify_layers_run", "verify_layers_full", "evicted_blocks",
-            "recomputed_tokens", "asks_attached", "cgee_disagreements", "peak_kv_bytes")
+            "recomputed_tokens", "asks_attached", "asks_extra_reused", "cgee_disagreements", "peak_kv_bytes")
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -98,8 +101,10 @@ def build(runs: BenchRuns, meta: dict) -> dict:
     agree = {name: (agreement(d, ref) if ref is not None else None) for name, d in decisions.items()}
     for name in modes:
         agree.setdefault(name, None)
+    vs_exact = {name: (agreement(d, decisions["exact"]) if "exact" in decisions else None)
+                for name, d in decisions.items()}
     return {**meta, "modes": modes, "agreement": agree, "agreement_reference": ref_name if ref is not None else None,
-            "replay": _replay_entry(runs)}
+            "agreement_vs_exact": vs_exact, "replay": _replay_entry(runs)}
 
 
 def _hf_entry(runs: BenchRuns, mr) -> dict:
@@ -146,7 +151,7 @@ def markdown(doc: dict) -> str:
     lines = [f"### treesearch bench {doc.get('workload')} ({doc.get('task')}, rows {doc.get('range')}, "
              f"{doc.get('items')} items, model {doc.get('model')}, repeat {doc.get('repeat')})", ""]
     if doc.get("fixed_length"):
-        lines += [f"Dummy weights on {doc.get('device')} ({doc.get('dtype')}): every generation runs its full "
+        lines += [f"Fixed lengths on {doc.get('device')} ({doc.get('dtype')}): every generation runs its full "
                   "length (EOS and stop strings ignored); timings only, accuracy means nothing.", ""]
     lines += ["| mode | wall s (median ± spread) | inputs/h | x vs nokv | x vs exact | prefill | decode | reused | "
               "unique | model calls | verify calls / skipped | verify layers run / full | peak KV MiB | accuracy | "
@@ -173,6 +178,13 @@ def markdown(doc: dict) -> str:
                       f"{_f(on['verify_speedup_vs_exact'], '{:.2f}x')} (> 1: CGEE verified faster) "
                       f"(verify calls skipped {on['verify_skipped']} of {on['verify_calls']}, layers run "
                       f"{on['verify_layers_run']} of {on['verify_layers_full']})"]
+    asks = [(n, e) for n, e in doc["modes"].items() if n.startswith("asks") and e["status"] in ("ok", "partial")]
+    if asks:
+        ex = doc["modes"].get("exact") or {}
+        lines += ["", "ASKS: " + "; ".join(
+            f"{n}: {e['asks_attached']} rows attached, {e.get('asks_extra_reused', 0)} tokens reused after the "
+            f"differing span, reused {e['reused_tokens']} vs exact {ex.get('reused_tokens', '—')}, decisions as "
+            f"exact {_f((doc.get('agreement_vs_exact') or {}).get(n))}" for n, e in asks)]
     notes = [(n, t) for n, e in doc["modes"].items() for t in e["notes"]]
     if notes:
         lines += ["", "Notes:"] + [f"- {n}: {t}" for n, t in notes]

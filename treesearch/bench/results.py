@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 Tick = Callable[[int], None]
-FIXED_LENGTH_NOTE = ("fixed lengths: EOS and stop strings ignored (dummy weights write gibberish); "
+FIXED_LENGTH_NOTE = ("fixed lengths: EOS and stop strings ignored (dummy weights, or --fixed-length); "
                      "timings only, accuracy and decisions mean nothing")
 SUM_FIELDS = ("prefill_tokens", "reused_tokens", "decode_tokens", "unique_tokens", "generated_tokens",
               "model_calls", "generate_calls", "score_calls", "verify_calls", "verify_skipped",

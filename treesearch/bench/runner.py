@@ -69,7 +69,7 @@ def run_all(lm: LanguageModel, workload: Workload, names: list[str], *, repeat: 
     tick = tick or (lambda n: None)
     out = BenchRuns()
     for name in names:
-        out.modes[name] = ModeRuns(make_mode(name))
+        out.modes[name] = ModeRuns(make_mode(name, model_name=getattr(lm, "name", None)))
     for name in [n for n in out.modes if base_name(n) == "server"]:
         mr = out.modes[name]
         if server is None:

@@ -5,6 +5,8 @@
   (`treesearch.bench.branch`).
 - tree:   plan / execute / reflect, 3 branches per level, 27 leaves, majority vote on GSM8K
   (`treesearch.bench.tree`).
+- paraphrase: each GSM8K question in k wordings (its facts reordered) before one long shared part,
+  answered greedily and verified (`treesearch.bench.paraphrase`): where ASKS can share.
 Each run records a `RunResult` (`treesearch.bench.results`).
 """
 
@@ -91,7 +93,8 @@ def run_game24(lm: LanguageModel, config: RKSCConfig, puzzles: list[str], tick: 
 
 
 def make_workload(name: str, task: str | None, start: int, end: int, *, branches: int = 8,
-                  seed: int = 0, max_new_tokens: int | None = None, ignore_eos: bool = False) -> Workload:
+                  seed: int = 0, max_new_tokens: int | None = None, ignore_eos: bool = False,
+                  wordings: int = 4) -> Workload:
     """The workload named on the command line, over input rows [start, end); max_new_tokens
     overrides the workload's generation lengths (None = the workload's own); ignore_eos makes every
     generation run its full length (branch and tree only: game24's search needs parsable text)."""
@@ -120,4 +123,14 @@ def make_workload(name: str, task: str | None, start: int, end: int, *, branches
             raise SystemExit(f"the tree workload runs on gsm8k only, not {task!r}")
         return Workload("tree", "gsm8k", datasets.load_gsm8k(start, end), run_tree,
                         {"seed": seed, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos})
-    raise SystemExit(f"unknown workload {name!r}; choose from game24, branch, tree")
+    if name == "paraphrase":
+        from .paraphrase import load_items, run_paraphrase
+
+        if task not in (None, "gsm8k"):
+            raise SystemExit(f"the paraphrase workload runs on gsm8k only, not {task!r}")
+        if ignore_eos:
+            raise SystemExit("paraphrase cannot run at fixed lengths (it compares answers); use branch or tree")
+        items, skipped = load_items(start, end, wordings)
+        return Workload("paraphrase", "gsm8k", items, run_paraphrase,
+                        {"seed": seed, "max_new_tokens": max_new_tokens, "skipped": skipped})
+    raise SystemExit(f"unknown workload {name!r}; choose from game24, branch, tree, paraphrase")
