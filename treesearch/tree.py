@@ -29,8 +29,8 @@ class ThoughtTree:
         self.meta: dict[str, Any] = {}
 
     def __getstate__(self) -> dict:
-        """A pickled tree (sent to or from a Ray worker) leaves out the KV handles, which belong to
-        the engine of the process that made them."""
+        """A pickled (or deep-copied) tree leaves out the KV handles, which belong to the engine of
+        the process that made them: trees come back from Ray workers this way."""
         graph = self.graph.copy()
         for n in graph:
             graph.nodes[n]["kv"] = None
