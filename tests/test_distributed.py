@@ -54,7 +54,7 @@ def cluster() -> str:
     ray = pytest.importorskip("ray")
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "TOKENIZERS_PARALLELISM": "false"}
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
              object_store_memory=200 * 2**20, logging_level=logging.WARNING, runtime_env={"env_vars": env})
     try:
         yield ray.get_runtime_context().gcs_address

@@ -62,7 +62,8 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> Clust
              "configure_logging": True}
     if address is None:
         try:
-            ray.init(address="local", num_cpus=num_cpus, object_store_memory=LOCAL_OBJECT_STORE_BYTES, **quiet)
+            ray.init(address="local", num_cpus=num_cpus, object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                     _node_ip_address="127.0.0.1", **quiet)  # a cluster of this machine only: loopback
         except Exception as exc:  # ray's own start-up errors (ports, /tmp, memory): one line
             raise DistributedError(f"could not start a local Ray cluster: {_one_line(exc)}") from None
         return Cluster(address=_current_address(ray), started=True, startup_s=time.perf_counter() - t0)
