@@ -89,7 +89,8 @@ def assert_same_trees(a: dict, b: dict) -> None:
 # -- the Python API ------------------------------------------------------------------------------------
 
 def test_run_distributed_equals_solve_many_with_a_users_problem_and_strategy(cluster, tiny_lm):
-    ref = list(Searcher(tiny_lm, WORDS(), FirstChild(), RKSCConfig(), progress=False).solve_many(INPUTS, concurrency=2))
+    searcher = Searcher(tiny_lm, WORDS(), FirstChild(), RKSCConfig(), progress=False)
+    ref = list(searcher.solve_many(INPUTS, concurrency=2))
     got = list(run_distributed(WORDS, INPUTS, workers=2, strategy=FirstChild(), model="tiny", concurrency=2,
                                batch=1))
     assert_same(ref, got)  # in input order, same trees, answers and own work
@@ -104,7 +105,8 @@ def test_a_killed_worker_loses_nothing_and_no_input_is_written_twice(cluster, ti
     from treesearch import DistributedRun
 
     problem = Words(width=2, depth=3, max_new_tokens=5)
-    ref = list(Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False).solve_many(INPUTS, concurrency=2))
+    searcher = Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False)
+    ref = list(searcher.solve_many(INPUTS, concurrency=2))
     killed = []
 
     class KillOne:
@@ -293,8 +295,9 @@ def test_two_workers_with_the_default_model_equal_one_process(cluster, real_lm):
     from treesearch.tasks.game24 import Game24, load_puzzles
 
     puzzles = load_puzzles(900, 902)
-    ref = list(Searcher(real_lm, Game24(), BFS(breadth=2), RKSCConfig(), progress=False)
-               .solve_many(puzzles, concurrency=1))
-    got = list(run_distributed(Game24, puzzles, workers=2, strategy=BFS(breadth=2), concurrency=1, batch=1))
+    bfs = BFS(breadth=1, max_depth=2)  # two moves deep: short, and still real generations and scores
+    ref = list(Searcher(real_lm, Game24(), bfs, RKSCConfig(), progress=False).solve_many(puzzles, concurrency=2))
+    got = list(run_distributed(Game24, puzzles, workers=2, strategy=bfs, concurrency=1, batch=1))
     assert_same(ref, got)
     assert {r.worker for r in got} == {"worker-0", "worker-1"}
+    assert all(len(r.tree) > 2 for r in got)

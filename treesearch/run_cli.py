@@ -43,9 +43,9 @@ def add_run_parser(sub: Any) -> None:
     ray = run.add_argument_group("Ray", "spread the run over Ray workers, each with its own model and engine "
                                  "(needs pip install -e '.[ray]')")
     ray.add_argument("--workers", type=int, default=None, metavar="N",
-                     help="N Ray workers, each running --concurrency searches (a local Ray cluster unless --ray-address)")
+                     help="N Ray workers, each running --concurrency searches (a local cluster unless --ray-address)")
     ray.add_argument("--ray-address", default=None, metavar="ADDR",
-                     help="join a Ray cluster: auto (one `ray start --head` started on this machine) or HOST:PORT of its head")
+                     help="join a Ray cluster: auto (`ray start --head` on this machine) or HOST:PORT of its head")
     ray.add_argument("--gpus-per-worker", type=float, default=None, metavar="G",
                      help="GPUs Ray gives each worker (its model then runs on cuda unless --device says otherwise)")
     add_search_flags(run)
