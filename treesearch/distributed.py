@@ -173,7 +173,13 @@ class DistributedRun:
             self.cluster = None
 
     def __enter__(self) -> DistributedRun:
-        return self.start() if self.cluster is None else self
+        if self.cluster is None or not self._slots:
+            try:
+                self.start()
+            except BaseException:  # Ctrl-C or a worker that cannot start: stop the ones that did
+                self.close()
+                raise
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -190,7 +196,7 @@ class DistributedRun:
     def solve_items(self, items: Iterable[tuple[Hashable, Any]]) -> Iterator[tuple[Hashable, Any, Any]]:
         """Solve (key, input) pairs over the workers; yields (key, input, SearchResult) as each
         finishes, each key once (see the module docstring for what happens when a worker dies)."""
-        if self.cluster is None:
+        if self.cluster is None or not self._slots:
             self.start()
         ray = require_ray()
         from ray.exceptions import RayActorError, RayTaskError
