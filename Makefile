@@ -53,7 +53,7 @@ $(VENV)/.treesearch-test-installed: $(VENV)/.treesearch-installed
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel -q --no-deps --no-cache-dir -w $(LLAMA_WHEELS) "llama-cpp-python$(LLAMA_CPP)"; \
 	fi
 	$(PY) -m pip install -q --no-deps --no-index --find-links $(LLAMA_WHEELS) "llama-cpp-python$(LLAMA_CPP)"
-	@echo "setup: installing the test extra: pytest, hypothesis, jupyter kernel, httpx, llama-cpp-python's server..."
+	@echo "setup: installing the test extra: pytest, hypothesis, jupyter kernel, httpx, llama-cpp-python's server, ray..."
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 

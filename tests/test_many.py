@@ -171,6 +171,33 @@ def test_stopping_early_ends_every_search_thread(tiny_lm):
     assert not [t for t in threading.enumerate() if t.name.startswith("treesearch-search-")]
 
 
+def test_solve_stream_takes_inputs_as_they_arrive_and_gives_the_same_results(tiny_lm):
+    import queue
+    import threading
+
+    from treesearch.many import solve_stream
+
+    problem = Words(width=2, depth=2, max_new_tokens=4)
+    ref = [Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False).solve(x) for x in INPUTS]
+    inbox: queue.Queue = queue.Queue()
+    for k, x in enumerate(INPUTS[:2]):
+        inbox.put((f"k{k}", x))
+
+    def more() -> None:  # more inputs arrive while it runs (as a Ray worker's do), then the end
+        for k, x in enumerate(INPUTS[2:], 2):
+            inbox.put((f"k{k}", x))
+        inbox.put(None)
+
+    searcher = Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False)
+    got = {}
+    for key, result in solve_stream(searcher, inbox, concurrency=2):
+        got[key] = result
+        if len(got) == 1:
+            threading.Timer(0.2, more).start()
+    assert sorted(got) == [f"k{k}" for k in range(len(INPUTS))]
+    assert_same(ref, [got[f"k{k}"] for k in range(len(INPUTS))])
+
+
 def test_concurrency_below_one_is_refused(tiny_lm):
     from treesearch import ConfigError
 

@@ -43,6 +43,9 @@ _EXPORTS = {
     "ResumeError": "treesearch.errors",
     "ServerError": "treesearch.errors",
     "ServerContextError": "treesearch.errors",
+    "DistributedError": "treesearch.errors",
+    "run_distributed": "treesearch.distributed",  # needs Ray (pip install -e '.[ray]') when called
+    "DistributedRun": "treesearch.distributed",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -61,3 +61,9 @@ class ServerError(TreeSearchError):
 
 class ServerContextError(ServerError, ContextTooLongError):
     """The server refused a prompt that does not fit in its model's context window."""
+
+
+class DistributedError(TreeSearchError):
+    """A run over Ray workers could not start or go on: Ray is not installed, the cluster cannot be
+    reached, a worker cannot start, a Problem cannot be sent, or every worker died; the message
+    names the fix."""

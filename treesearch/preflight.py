@@ -78,6 +78,8 @@ RULES: dict[str, Rule] = {
     "cache_budget": Rule(_at_least(1), "use a positive number of bytes, or leave it out for no limit"),
     "threads": Rule(_at_least(1), "use at least 1 thread"),
     "concurrency": Rule(_at_least(1), "use at least 1 search at a time"),
+    "workers": Rule(_at_least(1), "use at least 1 Ray worker"),
+    "gpus_per_worker": Rule(_finite_at_least(0.0), "use 0 or more GPUs per worker (a fraction shares one)"),
     "max_nodes": Rule(_at_least(1), "use at least 1 node"),
     "repeat": Rule(_at_least(1), "use at least 1 timed round"),
     "branches": Rule(_at_least(1), "use at least 1 branch per question"),

@@ -29,6 +29,7 @@ class SearchResult:
     error: str | None = None  # repr of the exception that interrupted the search
     problem: Problem | None = field(default=None, repr=False, compare=False)  # converts states on save
     answer_node: int | None = None  # the node `answer` was read from (see Searcher.result); None: no answer
+    worker: str | None = None  # the Ray worker that ran the search (`treesearch.run_distributed`); None: this process
 
     def to_json(self, problem: Problem | None = None) -> dict:
         problem = problem or self.problem

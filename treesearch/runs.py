@@ -164,14 +164,15 @@ def summarize(rows: Iterable[dict], *, wall_s: float = 0.0, inputs_run: int = 0)
     return s
 
 
-def run_inputs(searcher: Any, items: list[tuple[int, Any]], out: ResultsFile, *, concurrency: int = 16,
-               trees: str | Path | None = None, progress: bool = True,
-               results: Iterator[tuple[int, Any, Any]] | None = None) -> Summary:
+def run_inputs(source: Any, items: list[tuple[int, Any]], out: ResultsFile, *, concurrency: int = 16,
+               trees: str | Path | None = None, progress: bool = True) -> Summary:
     """Solve the (index, input) items not yet in `out`, writing each line as its search finishes;
     returns the summary over the whole file. Inputs the task refuses are written as invalid.
-    results: where (index, input, SearchResult) come from (default: `searcher.solve_many`)."""
+    source: a Searcher (its solve_many, `concurrency` at a time), or anything with `.problem` and
+    `solve_items(items)` yielding (index, input, SearchResult) as each finishes (a
+    `treesearch.distributed.DistributedRun`, whose results carry the worker that ran them)."""
     todo = [(i, x) for i, x in items if i not in out.done]
-    problem = searcher.problem
+    problem = source.problem
     valid = []
     for i, x in todo:
         try:
@@ -182,9 +183,11 @@ def run_inputs(searcher: Any, items: list[tuple[int, Any]], out: ResultsFile, *,
     bar = _bar(progress, len(todo), len(todo) - len(valid))
     t0 = time.perf_counter()
     tokens = 0
-    if results is None:
-        results = ((i, x, r) for (i, x), r in zip(valid, searcher.solve_many([x for _, x in valid],
-                                                                             concurrency=concurrency)))
+    if hasattr(source, "solve_items"):
+        results = source.solve_items(valid)
+    else:
+        results = ((i, x, r) for (i, x), r in zip(valid, source.solve_many([x for _, x in valid],
+                                                                          concurrency=concurrency)))
     try:
         for i, x, res in results:
             worker = getattr(res, "worker", None)

@@ -28,6 +28,14 @@ class ThoughtTree:
         self.graph = nx.DiGraph()
         self.meta: dict[str, Any] = {}
 
+    def __getstate__(self) -> dict:
+        """A pickled (or deep-copied) tree leaves out the KV handles, which belong to the engine of
+        the process that made them: trees come back from Ray workers this way."""
+        graph = self.graph.copy()
+        for n in graph:
+            graph.nodes[n]["kv"] = None
+        return {"graph": graph, "meta": self.meta}
+
     # -- building --------------------------------------------------------------------------------
     def add_root(self, state: Any, thought: str = "") -> int:
         if len(self.graph):
