@@ -215,7 +215,7 @@ def stream_rate(reps: int = 7) -> dict:
     w, x = torch.randn(16384, 8192), torch.randn(1, 8192)
     ways = {"linear": (lambda: torch.nn.functional.linear(x, w))}
     if torch.backends.mkldnn.is_available():
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)  # batch-size hint 4: streams faster than 1
         ways["mkldnn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     out = {}
     for name, fn in ways.items():
