@@ -314,7 +314,7 @@ def cmd_decode(args, lm) -> None:
     try:
         from treesearch.decoder import qualifies
     except ImportError:  # a checkout from before the fast path: the layer path only
-        def qualifies(lm) -> bool:
+        def qualifies(model) -> bool:
             return False
 
     rates = stream_rate()
@@ -322,9 +322,9 @@ def cmd_decode(args, lm) -> None:
     limit = 1000 * wbytes / (max(rates.values()) * 1e9)
     print(json.dumps({"weight_bytes": wbytes, "stream_GBps": {k: round(v, 1) for k, v in rates.items()},
                       "limit_ms": round(limit, 1), "torch_threads": torch.get_num_threads(),
-                      "fast_path": qualifies(lm)}), flush=True)
+                      "fast_path": qualifies(lm.model)}), flush=True)
     words = " alpha beta gamma delta river stone cloud green quiet table".split()
-    paths = ["layers", "fast"] if qualifies(lm) else ["layers"]
+    paths = ["layers", "fast"] if qualifies(lm.model) else ["layers"]
     for ctx in args.prefixes:
         prefix = "".join(f" {words[i % len(words)]}" for i in range(ctx))
         row: dict = {"context": ctx}
