@@ -129,34 +129,36 @@ class Decoder:
         batch.valid[:, write_pos] = True
         t = write_pos + 1
         mask = torch.zeros(bsz, 1, 1, t).masked_fill_(~batch.valid[:, None, None, :t], float("-inf"))
+        # views made once per step, selected per layer: the new token's K/V slot, the buffer so far
+        kv_new = (batch.k[:, :, :, write_pos], batch.v[:, :, :, write_pos])  # [L, B, Hkv, d]
+        kv_buf = (batch.k[:, :, :, :t], batch.v[:, :, :, :t])  # [L, B, Hkv, t, d]
         parts = _prefix_parts(batch.groups, bsz)
         for i, lw in enumerate(self.layers):
             h = F.rms_norm(x, (self.hidden,), lw.ln1, self.eps)
-            attn = self._attend(i, lw.qkv(h), cos, sin, batch, write_pos, mask, parts)  # [B, H d]
+            attn = self._attend(i, lw.qkv(h), cos, sin, kv_new, kv_buf, mask, parts)  # [B, H d]
             x = lw.o.add(attn, x)
             h = F.rms_norm(x, (self.hidden,), lw.ln2, self.eps)
             gu = lw.gate_up(h)  # [B, 2I]
             x = lw.down.add(F.silu(gu[:, :lw.inter]) * gu[:, lw.inter:], x)
         return self.head(F.rms_norm(x, (self.hidden,), self.norm, self.eps))
 
-    def _attend(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: BatchKV,
-                write_pos: int, mask: torch.Tensor, parts: tuple) -> torch.Tensor:
+    def _attend(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_new: tuple,
+                kv_buf: tuple, mask: torch.Tensor, parts: tuple) -> torch.Tensor:
         """RoPE, write the new K/V into the buffer, attend over buffer and prefix runs -> [B, H d]."""
         bsz, d, heads, hkv = qkv.shape[0], self.head_dim, self.heads, self.kv_heads
         g = heads // hkv
         qk = qkv[:, :(heads + hkv) * d].view(bsz, heads + hkv, d)
         qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin)  # RoPE on q and k together
         q = qk[:, :heads].view(bsz, hkv, g, d)  # head h uses kv head h // g
-        batch.k[layer, :, :, write_pos] = qk[:, heads:]
-        batch.v[layer, :, :, write_pos] = qkv[:, (heads + hkv) * d:].view(bsz, hkv, d)
-        t = write_pos + 1
-        out, lse = _flash(q, batch.k[layer, :, :, :t], batch.v[layer, :, :, :t], self.scale, mask)
+        kv_new[0][layer].copy_(qk[:, heads:])
+        kv_new[1][layer].copy_(qkv[:, (heads + hkv) * d:].view(bsz, hkv, d))
+        out, lse = _flash(q, kv_buf[0][layer], kv_buf[1][layer], self.scale, mask)
         groups, rid = parts
         if groups:
             outs, lses = [out], [lse]
             folded = None
-            for kv, used, rows in groups:
-                ks, vs = kv[layer, 0, :, :used][None], kv[layer, 1, :, :used][None]  # [1, Hkv, m, d]
+            for ks_all, vs_all, rows in groups:
+                ks, vs = ks_all[layer], vs_all[layer]  # [1, Hkv, m, d]
                 if isinstance(rows, int):  # one row: its queries as they are
                     o, lp = _flash(q[rows:rows + 1], ks, vs, self.scale)
                 else:  # several rows: their queries folded into one sequence per kv head
@@ -195,19 +197,17 @@ def _merge(outs: torch.Tensor, lses: torch.Tensor, rid: torch.Tensor, first: tor
 
 
 def _prefix_parts(groups: list, bsz: int) -> tuple[list, torch.Tensor | None]:
-    """The batch's prefix groups as (kv, used, rows) with rows None (all), an int (one row) or a
-    tensor, and rid: the row of each merged part (the buffers' rows first, then each group's)."""
+    """The batch's prefix groups as (K [L, 1, Hkv, m, d], V, rows) with rows None (all), an int
+    (one row) or a tensor, and rid: the row of each merged part (the buffers' first, then each group's)."""
     if not groups:
         return [], None
     out, rids = [], [torch.arange(bsz)]
     for kv, used, rows in groups:
+        ks, vs = kv[:, 0, :, :used].unsqueeze(1), kv[:, 1, :, :used].unsqueeze(1)
         if rows is None:
-            out.append((kv, used, None))
+            out.append((ks, vs, None))
             rids.append(torch.arange(bsz))
-        elif rows.shape[0] == 1:
-            out.append((kv, used, int(rows[0])))
-            rids.append(rows)
         else:
-            out.append((kv, used, rows))
+            out.append((ks, vs, int(rows[0]) if rows.shape[0] == 1 else rows))
             rids.append(rows)
     return out, torch.cat(rids)
