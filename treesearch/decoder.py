@@ -9,7 +9,8 @@ about 20 tensor ops per layer over weights packed once per model:
   The packed weights are a second copy (the model's weight bytes again, held per model).
 - RoPE as x cos + roll(x, d/2) sin', sin' = sin with its first half negated (rotate_half in one op).
 - Attention over the batch's own buffer and each cached prefix run (`treesearch.attention.BatchKV`),
-  each part one call of SDPA's CPU flash kernel, which also returns the log-sum-exp l_i; all rows'
+  each part with its log-sum-exp l_i (`ATTENTION`: plain matmul/logsumexp, or SDPA's CPU flash
+  kernel, which returns l_i too but is slower here for a step's few query rows); all rows'
   parts merged at once (per row, head and query): out = sum_i e^{l_i - m} o_i / sum_i e^{l_i - m},
   m = max_i l_i (the Hydragen decomposition, as in `treesearch.attention`).
 
@@ -29,6 +30,10 @@ import torch.nn.functional as F
 from .attention import BatchKV
 
 PACK_ROWS = 4  # oneDNN's batch-size hint for packing: 4 and 16 stream alike at 1..16 rows, 1 is slower
+# "math" (matmul, logsumexp, exp, matmul) or "flash" (SDPA's CPU flash kernel, which also returns
+# the log-sum-exp): measured per step in examples/measure_kv.py decode; flash was several times
+# slower over a 1,000-token prefix with a decode step's few query rows.
+ATTENTION = "math"
 
 _DECODERS: "weakref.WeakKeyDictionary[Any, Decoder]" = weakref.WeakKeyDictionary()
 
@@ -150,6 +155,8 @@ class Decoder:
         qk = qkv[:, :(heads + hkv) * d].view(bsz, heads + hkv, d)
         qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin)  # RoPE on q and k together
         q = qk[:, :heads].view(bsz, hkv, g, d)  # head h uses kv head h // g
+        if ATTENTION == "math":
+            q = q * self.scale  # scaled once for every part
         kv_new[0][layer].copy_(qk[:, heads:])
         kv_new[1][layer].copy_(qkv[:, (heads + hkv) * d:].view(bsz, hkv, d))
         out, lse = _flash(q, kv_buf[0][layer], kv_buf[1][layer], self.scale, mask)
@@ -178,10 +185,17 @@ class Decoder:
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
            mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """SDPA's CPU flash kernel: q [N, Hkv, n, d], k/v [N, Hkv, m, d] -> (out [N, Hkv, n, d], lse [N, Hkv, n])."""
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
+    """Attention with its log-normaliser: q [N, Hkv, n, d] (already scaled when ATTENTION is
+    "math"), k/v [N, Hkv, m, d] -> (out [N, Hkv, n, d], lse [N, Hkv, n]). "flash": SDPA's CPU flash
+    kernel in one op; "math": five ops, faster for the few query rows of a decode step."""
+    if ATTENTION == "flash":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
                                                                            scale=scale)
-    return out, lse
+    s = torch.matmul(q, k.transpose(-1, -2))  # [N, Hkv, n, m]
+    if mask is not None:
+        s = s + mask
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.matmul(torch.exp(s - lse[..., None]), v), lse
 
 
 def _merge(outs: torch.Tensor, lses: torch.Tensor, rid: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
