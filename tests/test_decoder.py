@@ -85,14 +85,17 @@ def test_a_weight_changed_in_place_is_repacked():
     lm = tiny_model(seed=1, num_layers=2)
     first = decoder.decoder_for(lm.model)
     assert decoder.decoder_for(lm.model) is first
+    earlier = Engine(lm)  # its Forward holds the first packing
     with torch.no_grad():
         lm.model.model.layers[0].mlp.down_proj.weight.mul_(0.5)
+    assert first.stale(lm.model)
     second = decoder.decoder_for(lm.model)
     assert second is not first
     prompts = [words(12) + " Row:"]
-    out = {fast: Engine(lm, RKSCConfig(fast_decode=fast)).generate(prompts, Sampling(max_new_tokens=6))
-           for fast in (False, True)}
-    assert out[True][0].token_ids == out[False][0].token_ids
+    sampling = Sampling(max_new_tokens=6, ignore_eos=True)
+    layers = Engine(lm, RKSCConfig(fast_decode=False)).generate(prompts, sampling)
+    assert earlier.generate(prompts, sampling)[0].token_ids == layers[0].token_ids
+    assert earlier.forward.decoder is second
 
 
 def test_a_model_that_does_not_qualify_takes_the_layer_path():
@@ -114,3 +117,25 @@ def test_real_model_fast_step_equals_layer_path(real_lm):
     prompts = [g.expand_prompt(s) for s in states]
     out = decode_both(real_lm, prompts, [prompts[0]], Sampling(max_new_tokens=16))
     assert_same(out)
+
+
+@pytest.mark.parametrize("attention", ["math", "flash"])
+def test_without_onednn_and_with_either_attention_the_step_is_the_same(tiny_lm, monkeypatch, attention):
+    """The plain fallbacks: fused weights through F.linear / addmm when torch lacks oneDNN, and
+    SDPA's flash kernel for the attention parts."""
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    monkeypatch.setattr(decoder, "ATTENTION", attention)
+    plain = decoder.Decoder(tiny_lm.model)
+    assert not plain.head.mkldnn
+    base = words(20)
+    prompts = [base + f" Row {b}:" + words(b, b) for b in range(3)]
+    out = {}
+    for fast in (False, True):
+        eng = Engine(tiny_lm, RKSCConfig(kv_sharing="exact", fast_decode=fast))
+        eng.generate([base], Sampling(max_new_tokens=2))
+        if fast:
+            eng.forward.decoder = plain
+        out[fast] = eng.generate(prompts, Sampling(max_new_tokens=8, ignore_eos=True))
+    assert [g.token_ids for g in out[True]] == [g.token_ids for g in out[False]]
+    for a, b in zip(out[False], out[True]):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= TOL

@@ -54,7 +54,7 @@ def qualifies(model: Any) -> bool:
 def decoder_for(model: Any) -> Decoder:
     """The model's `Decoder`, packed once and rebuilt when a weight changed in place since."""
     dec = _DECODERS.get(model)
-    if dec is None or dec.version != _weights_version(model):
+    if dec is None or dec.stale(model):
         dec = Decoder(model)
         _DECODERS[model] = dec
     return dec
@@ -120,6 +120,10 @@ class Decoder:
         self.head = Linear(model.lm_head.weight)
         self.layers = [Layer(layer) for layer in base.layers]
         self.version = _weights_version(model)
+
+    def stale(self, model: Any) -> bool:
+        """True when a weight of model was written in place since this decoder packed it."""
+        return self.version != _weights_version(model)
 
     @torch.no_grad()
     def step(self, toks: list[int], positions: list[int], batch: BatchKV, write_pos: int) -> torch.Tensor:

@@ -101,7 +101,7 @@ class Forward:
         positions[b] and buffer position write_pos. on_finish(batch_row, b, tokens) runs as row b
         finishes, before it leaves the batch. Returns per row (token ids, log p's, finish reason)."""
         n = len(positions)
-        if self.decoder is not None:  # repacked if a weight was changed in place since
+        if self.decoder is not None and self.decoder.stale(self.lm.model):  # a weight changed in place
             self.decoder = decoder_for(self.lm.model)
         gens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
