@@ -4,6 +4,7 @@
     python examples/measure_kv.py batch  [--prefix 1000]               # B branches over one prefix: bytes, step time
     python examples/measure_kv.py alloc  [--batch 1 8]                 # bytes allocated per decode step
     python examples/measure_kv.py asks   [--puzzles 2]                 # ASKS vs exact: extra reuse, agreement
+    python examples/measure_kv.py decode [--threads 1]                 # step time vs HF generate vs bandwidth limit
 
 All use the default model (SmolLM2-135M-Instruct, fp32, CPU unless --device). Timings are for
 information only (no test depends on them).
@@ -206,9 +207,145 @@ def cmd_asks(args, lm) -> None:
                       **tot}), flush=True)
 
 
+def stream_rate(reps: int = 7) -> dict:
+    """GB/s of a 512 MiB fp32 matrix-vector product, plain (`F.linear`) and with the weight packed
+    for oneDNN (`mkldnn._linear_pointwise`): the fastest is the machine's streaming rate."""
+    import torch
+
+    w, x = torch.randn(16384, 8192), torch.randn(1, 8192)
+    ways = {"linear": (lambda: torch.nn.functional.linear(x, w))}
+    if torch.backends.mkldnn.is_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)  # batch-size hint 4: streams faster than 1
+        ways["mkldnn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    out = {}
+    for name, fn in ways.items():
+        fn()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        out[name] = w.numel() * 4 / statistics.median(ts) / 1e9
+    return out
+
+
+def weight_bytes(lm) -> int:
+    """Bytes one decode step must read: every parameter once (a tied embedding counts once, as the
+    LM head; an untied embedding is read one row at a time, so it is left out)."""
+    model = lm.model
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() in seen or (p is emb and emb.data_ptr() != head.data_ptr()):
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def hf_step_ms(lm, ids: list[int], steps: int) -> float:
+    """Median ms between decode steps of plain transformers `generate` (greedy, SDPA, its own cache)."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    stamps: list[float] = []
+
+    class Stamp(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            stamps.append(time.perf_counter())
+            return scores
+
+    model = lm.model
+    impl = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.no_grad():
+            model.generate(torch.tensor([ids]), max_new_tokens=steps + 1, min_new_tokens=steps + 1, do_sample=False,
+                           logits_processor=LogitsProcessorList([Stamp()]), pad_token_id=lm.tokenizer.pad_token_id)
+    finally:
+        model.set_attn_implementation(impl)
+    return 1000 * statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+
+
+def our_step_ms(lm, prefix: str, batches: list[int], steps: int, repeats: int, path: str) -> dict[int, float]:
+    """Median ms of one Engine decode step with all B rows running, over a cached prefix (rounds
+    interleave the batch sizes, so machine load hits all alike). path: "layers" or "fast"."""
+    from treesearch.config import RKSCConfig, Sampling
+    from treesearch.engine import Engine
+
+    sampling = Sampling(max_new_tokens=1 + steps, ignore_eos=True)
+    engines = {}
+    for bsz in batches:
+        eng = Engine(lm, RKSCConfig(kv_sharing="exact"))
+        if path == "layers":
+            eng.forward.decoder = None
+        eng.score([prefix], [" yes", " no"])  # the prefix is cached: the rows below read it in place
+        prompts = [prefix + f" Branch {b}: the answer is" for b in range(bsz)]
+        eng.generate(prompts, sampling)  # warm-up, and the prompts' own tokens cached too
+        engines[bsz] = (eng, prompts)
+    times: dict[int, list[float]] = {bsz: [] for bsz in batches}
+    for _ in range(repeats):
+        for bsz in batches:
+            eng, prompts = engines[bsz]
+            step = eng.forward.step
+
+            def timed(batch, toks, *a, _step=step, _bsz=bsz, **kw):
+                t0 = time.perf_counter()
+                out = _step(batch, toks, *a, **kw)
+                if len(toks) == _bsz:
+                    times[_bsz].append(time.perf_counter() - t0)
+                return out
+
+            eng.forward.step = timed
+            try:
+                eng.generate(prompts, sampling)
+            finally:
+                del eng.forward.step
+    return {bsz: 1000 * statistics.median(times[bsz]) for bsz in batches}
+
+
+def cmd_decode(args, lm) -> None:
+    """Decode step time side by side (issue 19): ours at each B over each context length (layer
+    path and fast path), plain transformers `generate` at B=1, and the bandwidth limit
+    (weight bytes / the fastest fp32 matrix-vector streaming rate measured here)."""
+    import torch
+
+    try:
+        from treesearch.decoder import qualifies
+    except ImportError:  # a checkout from before the fast path: the layer path only
+        def qualifies(model) -> bool:
+            return False
+
+    rates = stream_rate()
+    wbytes = weight_bytes(lm)
+    limit = 1000 * wbytes / (max(rates.values()) * 1e9)
+    print(json.dumps({"weight_bytes": wbytes, "stream_GBps": {k: round(v, 1) for k, v in rates.items()},
+                      "limit_ms": round(limit, 1), "torch_threads": torch.get_num_threads(),
+                      "fast_path": qualifies(lm.model)}), flush=True)
+    words = " alpha beta gamma delta river stone cloud green quiet table".split()
+    paths = ["layers", "fast"] if qualifies(lm.model) else ["layers"]
+    for ctx in args.prefixes:
+        prefix = "".join(f" {words[i % len(words)]}" for i in range(ctx))
+        row: dict = {"context": ctx}
+        for path in paths:
+            ms = our_step_ms(lm, prefix, args.batches, args.steps, args.repeats, path)
+            row.update({f"{path}_B{b}_ms": round(v, 1) for b, v in ms.items()})
+        ids = lm.tokenizer(prefix + " Branch 0: the answer is")["input_ids"]
+        row["hf_generate_B1_ms"] = hf_step_ms(lm, ids, args.steps)
+        row["limit_ms"] = round(limit, 1)
+        best = paths[-1]
+        b1, bmax = row[f"{best}_B{args.batches[0]}_ms"], row[f"{best}_B{args.batches[-1]}_ms"]
+        row.update({f"{best}_B{args.batches[0]}/limit": round(b1 / limit, 2),
+                    f"{best}_B{args.batches[0]}/hf": round(b1 / row["hf_generate_B1_ms"], 2),
+                    f"{best}_B{args.batches[-1]}/B{args.batches[0]}": round(bmax / b1, 2)})
+        row["hf_generate_B1_ms"] = round(row["hf_generate_B1_ms"], 1)
+        print(json.dumps(row), flush=True)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["game24", "batch", "alloc", "asks"])
+    ap.add_argument("what", choices=["game24", "batch", "alloc", "asks", "decode"])
     ap.add_argument("--puzzles", type=int, default=2)
     ap.add_argument("--start", type=int, default=900)
     ap.add_argument("--fraction", type=float, default=0.25, help="budget as a fraction of the unbounded peak")
@@ -221,6 +358,8 @@ def main(argv=None) -> None:
     ap.add_argument("--alpha", type=float, default=None)
     ap.add_argument("--tau", type=float, default=None)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16], help="decode: batch sizes (first and last compared)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args(argv)
     from treesearch.config import RKSCConfig
     from treesearch.runtime import load_model
@@ -228,8 +367,13 @@ def main(argv=None) -> None:
     d = RKSCConfig()
     args.alpha = d.asks_alpha if args.alpha is None else args.alpha
     args.tau = d.asks_tau if args.tau is None else args.tau
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     lm = load_model("tiny" if args.tiny else None, device=args.device)
-    {"game24": cmd_game24, "batch": cmd_batch, "alloc": cmd_alloc, "asks": cmd_asks}[args.what](args, lm)
+    {"game24": cmd_game24, "batch": cmd_batch, "alloc": cmd_alloc, "asks": cmd_asks,
+     "decode": cmd_decode}[args.what](args, lm)
 
 
 if __name__ == "__main__":

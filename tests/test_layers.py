@@ -21,7 +21,7 @@ LAYERS: dict[str, int] = {
     # 1: data structures with no model
     "config": 1, "cluster": 1, "tokens": 1, "kvstore": 1, "attention": 1, "persist": 1, "backend": 1,
     # 2: the loaded model's wrapper and the pure policy rules
-    "model": 2, "cgee": 2, "searches": 2,
+    "model": 2, "cgee": 2, "searches": 2, "decoder": 2,
     # 3: below the engine: the forward pass and the cache manager
     "forward": 3, "kvcache": 3,
     # 4: policies that run model work through the cache manager

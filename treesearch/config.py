@@ -19,6 +19,9 @@ class RKSCConfig:
     block_size: tokens per KV block (the unit of memory accounting and eviction).
     cache_budget: bytes of KV the store may hold (None = unbounded); RSBCM evicts to stay under it.
     cgee: early exit for verification (skip when generation is decisive; stop at a settled layer).
+    fast_decode: decode steps through `treesearch.decoder` (packed weights, fused attention) where
+        the model qualifies (float32 Llama on the CPU); False: through the transformers layers.
+        Same tokens either way (logits agree within 1e-4, tests/test_decoder.py).
     """
 
     kv_sharing: str = "exact"
@@ -37,6 +40,7 @@ class RKSCConfig:
     eps: float = 0.01
     min_layer: int | None = None
     cgee_measure: bool = False
+    fast_decode: bool = True
 
     def __post_init__(self) -> None:
         if self.kv_sharing not in KV_MODES:

@@ -15,6 +15,7 @@ import torch
 
 from .attention import BatchKV, Prefix
 from .config import Sampling
+from .decoder import decoder_for, qualifies
 from .eos import eos_token_ids
 from .model import LanguageModel
 from .stats import Stats, distinct
@@ -52,11 +53,15 @@ def sample(logits: torch.Tensor, sampling: Sampling, generators: Sequence[torch.
 
 
 class Forward:
-    """Runs a `LanguageModel`'s decoder over a batch of rows with shared-prefix attention."""
+    """Runs a `LanguageModel`'s decoder over a batch of rows with shared-prefix attention.
 
-    def __init__(self, lm: LanguageModel) -> None:
+    fast_decode: decode steps through `treesearch.decoder` (packed weights, fused kernels) where
+    the model qualifies; otherwise, and for prefill and scoring always, the transformers layers."""
+
+    def __init__(self, lm: LanguageModel, *, fast_decode: bool = True) -> None:
         self.lm = lm
         self.eos_ids = eos_token_ids(lm.model, lm.tokenizer)
+        self.decoder = decoder_for(lm.model) if fast_decode and qualifies(lm.model) else None
 
     def prefill(self, prefixes: list[Prefix], news: list[list[int]], starts: list[int], *, extra: int,
                 want_logits: bool, charge: Sequence[Stats], exit_rule: Callable | None = None, exits: Any = None,
@@ -96,6 +101,8 @@ class Forward:
         positions[b] and buffer position write_pos. on_finish(batch_row, b, tokens) runs as row b
         finishes, before it leaves the batch. Returns per row (token ids, log p's, finish reason)."""
         n = len(positions)
+        if self.decoder is not None and self.decoder.stale(self.lm.model):  # a weight changed in place
+            self.decoder = decoder_for(self.lm.model)
         gens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
         finish = ["length"] * n
@@ -128,11 +135,14 @@ class Forward:
     def step(self, batch: BatchKV, toks: list[int], positions: list[int], write_pos: int,
              charge: Sequence[Stats]) -> torch.Tensor:
         """One decode step: each row's last token (absolute positions given) -> next-token logits [B, V]."""
-        dev = self.lm.device
-        ids = torch.tensor(toks, dtype=torch.long, device=dev)[:, None]
-        pos = torch.tensor(positions, device=dev)[:, None]
-        batch.begin(write_pos, torch.ones(len(toks), 1, dtype=torch.bool, device=dev))
-        logits = self.layers(ids, pos, batch, torch.zeros(len(toks), dtype=torch.long), True)
+        if self.decoder is not None:
+            logits = self.decoder.step(toks, positions, batch, write_pos)
+        else:
+            dev = self.lm.device
+            ids = torch.tensor(toks, dtype=torch.long, device=dev)[:, None]
+            pos = torch.tensor(positions, device=dev)[:, None]
+            batch.begin(write_pos, torch.ones(len(toks), 1, dtype=torch.bool, device=dev))
+            logits = self.layers(ids, pos, batch, torch.zeros(len(toks), dtype=torch.long), True)
         for st in distinct(charge):
             st.model_calls += 1
         for st in charge:

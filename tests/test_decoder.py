@@ -1,0 +1,141 @@
+"""The fast decode step (`treesearch.decoder`) computes what the transformers layers compute: every
+decode step's logits equal the layer path's within 1e-4 (fp32; the two differ only in the order of
+floating-point sums: fused and oneDNN-packed matrix products, flash attention), and greedy tokens
+are identical. Over prefix groups of every kind (shared by all rows, by a subset, by one row), on
+the tiny model (which qualifies, so every other tiny-model test runs the new step too) and the
+default model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from treesearch import decoder
+from treesearch.config import RKSCConfig, Sampling
+from treesearch.engine import Engine
+from treesearch.runtime import tiny_model
+
+WORDS = " the cat sat on a mat and then it ran to big red house with one old dog".split()
+TOL = 1e-4
+
+
+def words(n: int, start: int = 0) -> str:
+    return "".join(f" {WORDS[(start + i) % len(WORDS)]}" for i in range(n))
+
+
+def decode_both(lm, prompts: list[str], cached: list[str], sampling: Sampling):
+    """Generate prompts after caching `cached` texts, on the layer path and the fast path: per path
+    (generations, each decode step's logits)."""
+    out = {}
+    for fast in (False, True):
+        eng = Engine(lm, RKSCConfig(kv_sharing="exact", fast_decode=fast))
+        assert (eng.forward.decoder is not None) == fast
+        for text in cached:
+            eng.generate([text], Sampling(max_new_tokens=2))
+        steps: list[torch.Tensor] = []
+        step = eng.forward.step
+
+        def record(*a, _step=step, **kw):
+            logits = _step(*a, **kw)
+            steps.append(logits.clone())
+            return logits
+
+        eng.forward.step = record
+        out[fast] = (eng.generate(prompts, sampling), steps)
+        eng.store.check_invariants()
+    return out
+
+
+def assert_same(out) -> None:
+    (g_layers, s_layers), (g_fast, s_fast) = out[False], out[True]
+    assert [g.token_ids for g in g_fast] == [g.token_ids for g in g_layers]
+    assert len(s_fast) == len(s_layers) > 0
+    for a, b in zip(s_layers, s_fast):
+        assert a.shape == b.shape
+        assert (a - b).abs().max().item() <= TOL
+    for a, b in zip(g_layers, g_fast):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= TOL
+
+
+def test_the_tiny_model_qualifies_and_decodes_through_the_fast_step(tiny_lm):
+    assert decoder.qualifies(tiny_lm.model)
+    assert Engine(tiny_lm).forward.decoder is decoder.decoder_for(tiny_lm.model)  # packed once per model
+
+
+@pytest.mark.parametrize("batch", [1, 3, 6])
+def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(tiny_lm, batch):
+    base, more = words(20), words(9, 5)
+    # cached: the shared base, base + more (rows 0..1 read it: a subset), row 0's own prompt (one row)
+    prompts = [base + more + f" Row {b}:" + words(b, b) if b < 2 else base + f" Row {b}:" + words(b, b)
+               for b in range(batch)]
+    out = decode_both(tiny_lm, prompts, [base, base + more, prompts[0]], Sampling(max_new_tokens=10, ignore_eos=True))
+    assert_same(out)
+
+
+def test_fast_step_equals_layer_path_without_sharing(tiny_lm):
+    prompts = ["short", "a somewhat longer prompt with more words in it", "x " * 30]
+    out = {}
+    for fast in (False, True):
+        eng = Engine(tiny_lm, RKSCConfig(kv_sharing="off", fast_decode=fast))
+        out[fast] = eng.generate(prompts, Sampling(max_new_tokens=8))
+    assert [g.token_ids for g in out[True]] == [g.token_ids for g in out[False]]
+
+
+def test_a_weight_changed_in_place_is_repacked():
+    lm = tiny_model(seed=1, num_layers=2)
+    first = decoder.decoder_for(lm.model)
+    assert decoder.decoder_for(lm.model) is first
+    earlier = Engine(lm)  # its Forward holds the first packing
+    with torch.no_grad():
+        lm.model.model.layers[0].mlp.down_proj.weight.mul_(0.5)
+    assert first.stale(lm.model)
+    second = decoder.decoder_for(lm.model)
+    assert second is not first
+    prompts = [words(12) + " Row:"]
+    sampling = Sampling(max_new_tokens=6, ignore_eos=True)
+    layers = Engine(lm, RKSCConfig(fast_decode=False)).generate(prompts, sampling)
+    assert earlier.generate(prompts, sampling)[0].token_ids == layers[0].token_ids
+    assert earlier.forward.decoder is second
+
+
+def test_a_model_that_does_not_qualify_takes_the_layer_path():
+    lm = tiny_model(seed=0, num_layers=2, dtype="bfloat16")
+    assert not decoder.qualifies(lm.model)
+    assert Engine(lm).forward.decoder is None
+    with pytest.raises(ValueError, match="decode through Forward.layers"):
+        decoder.Decoder(lm.model)
+    g = Engine(lm).generate([words(8)], Sampling(max_new_tokens=3))[0]
+    assert len(g.token_ids) >= 1
+
+
+@pytest.mark.real_model
+def test_real_model_fast_step_equals_layer_path(real_lm):
+    from treesearch.tasks import Game24
+
+    g = Game24()
+    states = [g.initial_state(p) for p in ("4 5 6 10", "1 1 4 6", "2 3 5 12")]
+    prompts = [g.expand_prompt(s) for s in states]
+    out = decode_both(real_lm, prompts, [prompts[0]], Sampling(max_new_tokens=16))
+    assert_same(out)
+
+
+@pytest.mark.parametrize("attention", ["math", "flash"])
+def test_without_onednn_and_with_either_attention_the_step_is_the_same(tiny_lm, monkeypatch, attention):
+    """The plain fallbacks: fused weights through F.linear / addmm when torch lacks oneDNN, and
+    SDPA's flash kernel for the attention parts."""
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    monkeypatch.setattr(decoder, "ATTENTION", attention)
+    plain = decoder.Decoder(tiny_lm.model)
+    assert not plain.head.mkldnn
+    base = words(20)
+    prompts = [base + f" Row {b}:" + words(b, b) for b in range(3)]
+    out = {}
+    for fast in (False, True):
+        eng = Engine(tiny_lm, RKSCConfig(kv_sharing="exact", fast_decode=fast))
+        eng.generate([base], Sampling(max_new_tokens=2))
+        if fast:
+            eng.forward.decoder = plain
+        out[fast] = eng.generate(prompts, Sampling(max_new_tokens=8, ignore_eos=True))
+    assert [g.token_ids for g in out[True]] == [g.token_ids for g in out[False]]
+    for a, b in zip(out[False], out[True]):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= TOL
