@@ -193,15 +193,17 @@ def _wait_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 300
 
 def test_a_killed_then_interrupted_driver_resumes_without_duplicates(cluster, one_process, tmp_path):
     rows, _ = one_process
+    # 100 inputs: the tiny model's searches take milliseconds, and 30 could all finish between
+    # the line the test waits for and the Ctrl-C it then sends (seen on a quiet machine)
     out = tmp_path / "out.jsonl"
-    argv = RUN + ["--range", "900:930", "--concurrency", "1", "--workers", "2", "--ray-address", cluster,
+    argv = RUN + ["--range", "900:1000", "--concurrency", "1", "--workers", "2", "--ray-address", cluster,
                   "--out", str(out)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _wait_lines(out, 2, proc)
     proc.send_signal(signal.SIGKILL)  # the driver dies; its workers go with its job
     proc.wait()
     first = len(out.read_text().splitlines())
-    assert 2 <= first < 30
+    assert 2 <= first < 100
     with open(out, "a") as f:
         f.write('{"index": 9')  # a half-written line, as a kill during a write would leave
     proc = subprocess.Popen(argv + ["--resume"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -211,12 +213,12 @@ def test_a_killed_then_interrupted_driver_resumes_without_duplicates(cluster, on
     assert proc.returncode == 130, err
     assert f"{first} already in" in err and "--resume" in err and "Traceback" not in err
     second = len(lines(out))  # every line whole
-    assert first < second < 30
+    assert first < second < 100
     done = subprocess.run(argv + ["--resume"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert f"{second} already in" in done.stderr
     got = sorted(lines(out), key=lambda r: r["index"])
-    assert [r["index"] for r in got] == list(range(900, 930))  # none missing, none twice
+    assert [r["index"] for r in got] == list(range(900, 1000))  # none missing, none twice
     assert comparable(got[:6]) == comparable(rows)
 
 
