@@ -125,6 +125,10 @@ class HangingServer:
                 continue
             self._held.append(conn)
 
+    def connections(self) -> list[socket.socket]:
+        """The connections accepted so far (one per attempt)."""
+        return list(self._held)
+
     def close(self) -> None:
         self._stop.set()
         for c in self._held:

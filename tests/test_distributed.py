@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from reliability_problems import Words
-from strategies import BFS, evaluate_once, expand_once
-from test_many import assert_same
+from strategies import BFS
+from test_many import FirstChild, assert_same
 from test_run import comparable, lines
 from treesearch import DistributedError, RKSCConfig, Searcher, run_distributed
 from treesearch.runs import ResultsFile, run_inputs
@@ -32,20 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN = [sys.executable, "-m", "treesearch.cli", "run", "game24", "--model", "tiny", "--no-progress", "--threads", "1"]
 INPUTS = ["cats", "dogs", "birds", "fish", "cows", "owls", "bees", "ants"]
 WORDS = functools.partial(Words, width=2, depth=2, max_new_tokens=4)  # a picklable problem factory
-
-
-class FirstChild:
-    """A user's own strategy: follow the first child, two levels down."""
-
-    def run(self, searcher):
-        node = searcher.tree.root
-        for _ in range(2):
-            kids = expand_once(searcher, [node])[0]
-            if not kids:
-                break
-            evaluate_once(searcher, kids)
-            node = kids[0]
-        return node
 
 
 @pytest.fixture(scope="module")

@@ -237,10 +237,8 @@ def test_a_server_without_tokenize_says_so():
 def test_refused_connection_gives_a_clear_error_after_retries():
     url = refused_url()
     eng = ServerEngine(url, "m", retries=2, backoff=0.01)
-    t0 = time.perf_counter()
     with pytest.raises(ServerError) as err:
         eng.generate(["p"], Sampling())
-    assert time.perf_counter() - t0 < 5
     msg = str(err.value)
     assert "after 3 attempts" in msg and root_url(url) in msg and "is a server running" in msg
     assert "\n" not in msg and err.value.status is None
@@ -260,10 +258,9 @@ def test_a_hanging_server_fails_within_the_timeout():
     srv = HangingServer()
     try:
         eng = ServerEngine(srv.url, "m", timeout=1.0, retries=3)
-        t0 = time.perf_counter()
         with pytest.raises(ServerError, match=r"no answer within 1 s \(read timeout\)"):
             eng.generate(["p"], Sampling())
-        assert time.perf_counter() - t0 < 3
+        assert len(srv.connections()) == 1  # a read timeout is not retried (that would wait 4 x 1 s)
         eng.close()
     finally:
         srv.close()
