@@ -72,6 +72,36 @@ def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(tiny_lm, ba
     assert_same(out)
 
 
+def test_rows_own_runs_of_different_lengths_join_one_softmax(tiny_lm):
+    """Each row reads the shared base, then two runs of its own (cached in two calls) whose lengths
+    differ from row to row: the packed block of own runs, padded to the longest row's, gives the
+    layer path's logits; the plan sees exactly those runs."""
+    base = words(16)
+    own = [words(2 + 3 * b, b) for b in range(4)]
+    more = [words(5 - b, 7 + b) for b in range(4)]
+    prompts = [base + own[b] + more[b] + f" Row {b}:" for b in range(4)]
+    cached = [base] + [base + o for o in own] + [base + o + m for o, m in zip(own, more)]
+    plans = []
+    init = decoder.Plan.__init__
+
+    def record(self, *a, **kw):
+        init(self, *a, **kw)
+        plans.append(self)
+
+    decoder.Plan.__init__ = record
+    try:
+        out = decode_both(tiny_lm, prompts, cached, Sampling(max_new_tokens=6, ignore_eos=True))
+    finally:
+        decoder.Plan.__init__ = init
+    assert_same(out)
+    first = plans[-1]  # the last step of the prompts (every row still running)
+    assert len(first.shared) == 1 and not first.parts
+    assert sorted(first.singles) == [0, 1, 2, 3]
+    assert all(len(runs) == 2 for runs in first.singles.values())
+    lens = [sum(r[2] for r in first.singles[b]) for b in range(4)]
+    assert len(set(lens)) > 1 and first.single_len == max(lens)
+
+
 def test_fast_step_equals_layer_path_without_sharing(tiny_lm):
     prompts = ["short", "a somewhat longer prompt with more words in it", "x " * 30]
     out = {}

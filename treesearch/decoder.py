@@ -91,11 +91,15 @@ class Layer:
 
     def __init__(self, layer: Any) -> None:
         att, mlp = layer.self_attn, layer.mlp
-        self.ln1 = layer.input_layernorm.weight.detach()
-        self.ln2 = layer.post_attention_layernorm.weight.detach()
-        self.qkv = Linear(torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]))
+        # each RMSNorm's weight is folded into the columns of the projections it feeds ((x w) W^T =
+        # x (W diag w)^T), and q's rows carry the attention scale (RoPE is linear, so scaling before
+        # it is the same; for head_dim 64 the scale is 1/8, a power of two, exact in float32)
+        ln1 = layer.input_layernorm.weight.detach()
+        ln2 = layer.post_attention_layernorm.weight.detach()
+        qkv = torch.cat([att.q_proj.weight * att.scaling, att.k_proj.weight, att.v_proj.weight])
+        self.qkv = Linear(qkv * ln1)
         self.o = Linear(att.o_proj.weight)
-        self.gate_up = Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        self.gate_up = Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]) * ln2)
         self.down = Linear(mlp.down_proj.weight)
         self.inter = mlp.gate_proj.weight.shape[0]
 
@@ -111,13 +115,11 @@ class Decoder:
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
-        self.scale = base.layers[0].self_attn.scaling
         self.eps = cfg.rms_norm_eps
         self.hidden = cfg.hidden_size
         self.rotary = base.rotary_emb
         self.embed = base.embed_tokens.weight.detach()
-        self.norm = base.norm.weight.detach()
-        self.head = Linear(model.lm_head.weight)
+        self.head = Linear(model.lm_head.weight * base.norm.weight.detach())  # the final norm's weight folded in
         self.layers = [Layer(layer) for layer in base.layers]
         self.version = _weights_version(model)
 
@@ -137,64 +139,157 @@ class Decoder:
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         batch.valid[:, write_pos] = True
         t = write_pos + 1
-        mask = torch.zeros(bsz, 1, 1, t).masked_fill_(~batch.valid[:, None, None, :t], float("-inf"))
-        # views made once per step, selected per layer: the new token's K/V slot, the buffer so far
-        kv_new = (batch.k[:, :, :, write_pos], batch.v[:, :, :, write_pos])  # [L, B, Hkv, d]
-        kv_buf = (batch.k[:, :, :, :t], batch.v[:, :, :, :t])  # [L, B, Hkv, t, d]
-        parts = _prefix_parts(batch.groups, bsz)
+        valid = batch.valid[:, :t]
+        mask = None if bool(valid.all()) else \
+            torch.zeros(bsz, 1, 1, t).masked_fill_(~valid[:, None, None, :], float("-inf"))
+        plan = Plan(batch, write_pos, mask)
         for i, lw in enumerate(self.layers):
-            h = F.rms_norm(x, (self.hidden,), lw.ln1, self.eps)
-            attn = self._attend(i, lw.qkv(h), cos, sin, kv_new, kv_buf, mask, parts)  # [B, H d]
+            attn = self._attend(i, lw.qkv(self._norm(x)), cos, sin, plan)  # [B, H d]
             x = lw.o.add(attn, x)
-            h = F.rms_norm(x, (self.hidden,), lw.ln2, self.eps)
-            gu = lw.gate_up(h)  # [B, 2I]
+            gu = lw.gate_up(self._norm(x))  # [B, 2I]
             x = lw.down.add(F.silu(gu[:, :lw.inter]) * gu[:, lw.inter:], x)
-        return self.head(F.rms_norm(x, (self.hidden,), self.norm, self.eps))
+        return self.head(self._norm(x))
 
-    def _attend(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_new: tuple,
-                kv_buf: tuple, mask: torch.Tensor, parts: tuple) -> torch.Tensor:
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        """RMSNorm without its weight (folded into the next projection): x / sqrt(mean(x^2) + eps),
+        as the model's own RMSNorm computes it, in four ops (F.rms_norm runs about eight here)."""
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True).add_(self.eps))
+
+    def _attend(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: Plan) -> torch.Tensor:
         """RoPE, write the new K/V into the buffer, attend over buffer and prefix runs -> [B, H d]."""
         bsz, d, heads, hkv = qkv.shape[0], self.head_dim, self.heads, self.kv_heads
         g = heads // hkv
         qk = qkv[:, :(heads + hkv) * d].view(bsz, heads + hkv, d)
         qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin)  # RoPE on q and k together
-        q = qk[:, :heads].view(bsz, hkv, g, d)  # head h uses kv head h // g
+        q = qk[:, :heads].view(bsz, hkv, g, d)  # head h uses kv head h // g; already scaled
+        plan.k_new[layer].copy_(qk[:, heads:])
+        plan.v_new[layer].copy_(qkv[:, (heads + hkv) * d:].view(bsz, hkv, d))
         if ATTENTION == "math":
-            q = q * self.scale  # scaled once for every part
-        kv_new[0][layer].copy_(qk[:, heads:])
-        kv_new[1][layer].copy_(qkv[:, (heads + hkv) * d:].view(bsz, hkv, d))
-        out, lse = _flash(q, kv_buf[0][layer], kv_buf[1][layer], self.scale, mask)
-        groups, rid = parts
-        if groups:
+            out, lse = _attend_joint(layer, q, plan)
+        else:
+            out, lse = _flash(q, plan.k_buf[layer].transpose(-1, -2), plan.v_buf[layer], plan.mask)
+        if plan.parts:
             outs, lses = [out], [lse]
             folded = None
-            for ks_all, vs_all, rows in groups:
+            for ks_all, vs_all, rows in plan.parts:
                 ks, vs = ks_all[layer], vs_all[layer]  # [1, Hkv, m, d]
                 if isinstance(rows, int):  # one row: its queries as they are
-                    o, lp = _flash(q[rows:rows + 1], ks, vs, self.scale)
+                    o, lp = _flash(q[rows:rows + 1], ks, vs)
                 else:  # several rows: their queries folded into one sequence per kv head
                     if rows is None:
-                        folded = q.transpose(0, 1).reshape(1, hkv, bsz * g, d) if folded is None else folded
+                        folded = _fold(q) if folded is None else folded
                         qr, r = folded, bsz
                     else:
                         r = rows.shape[0]
-                        qr = q.index_select(0, rows).transpose(0, 1).reshape(1, hkv, r * g, d)
-                    o, lp = _flash(qr, ks, vs, self.scale)
-                    o, lp = o.view(hkv, r, g, d).transpose(0, 1), lp.view(hkv, r, g).transpose(0, 1)
+                        qr = _fold(q.index_select(0, rows))
+                    o, lp = _flash(qr, ks, vs)
+                    o, lp = _unfold(o, r), lp.view(hkv, r, g).transpose(0, 1)
                 outs.append(o)
                 lses.append(lp)
-            out = _merge(torch.cat(outs), torch.cat(lses), rid, lse)
+            out = _merge(torch.cat(outs), torch.cat(lses), plan.rid, lse)
         return out.reshape(bsz, heads * d)
 
 
-def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+class Plan:
+    """What one decode step's attention reads, as per-layer views made once per step (one `unbind`
+    per tensor, not a select per layer): the new token's K/V slots, the buffer so far (K transposed),
+    and the cached prefix runs sorted by who reads them. With ATTENTION "math" the runs every row
+    reads (`shared`) and the runs of one row (`singles`) join the buffer in one softmax
+    (`_attend_joint`); runs read by some rows (`parts`) are merged by log-sum-exp. With "flash"
+    every run is a part."""
+
+    def __init__(self, batch: BatchKV, write_pos: int, mask: torch.Tensor | None) -> None:
+        t = write_pos + 1
+        bsz = batch.batch
+        self.mask = mask  # [B, 1, 1, t] or None (every buffer position valid)
+        self.k_new = batch.k[:, :, :, write_pos].unbind(0)  # L x [B, Hkv, d]
+        self.v_new = batch.v[:, :, :, write_pos].unbind(0)
+        self.k_buf = batch.k[:, :, :, :t].transpose(-1, -2).unbind(0)  # L x [B, Hkv, d, t]
+        self.v_buf = batch.v[:, :, :, :t].unbind(0)  # L x [B, Hkv, t, d]
+        self.shared: list[tuple] = []  # (L x K^T [Hkv, d, m], L x V [Hkv, m, d])
+        self.singles: dict[int, list[tuple]] = {}  # row -> [(L x K^T, L x V, m)], in context order
+        self.parts: list[tuple] = []  # (L x K [1, Hkv, m, d], L x V, rows: None, an int or a tensor)
+        rids = [torch.arange(bsz)]
+        for kv, used, rows in batch.groups:
+            k, v = kv[:, 0, :, :used], kv[:, 1, :, :used]  # [L, Hkv, m, d]
+            if ATTENTION == "math" and (rows is None or rows.shape[0] == 1):
+                runs = (k.transpose(-1, -2).unbind(0), v.unbind(0))
+                if rows is None:
+                    self.shared.append(runs)
+                else:
+                    self.singles.setdefault(int(rows[0]), []).append(runs + (used,))
+                continue
+            one = rows is not None and rows.shape[0] == 1
+            self.parts.append((k.unsqueeze(1).unbind(0), v.unsqueeze(1).unbind(0), int(rows[0]) if one else rows))
+            rids.append(torch.arange(bsz) if rows is None else rows)
+        self.single_len = max((sum(r[2] for r in runs) for runs in self.singles.values()), default=0)
+        self.rid = torch.cat(rids)
+
+
+def _fold(q: torch.Tensor) -> torch.Tensor:
+    """[r, Hkv, g, x] -> [1, Hkv, r g, x]: several rows' queries as one sequence per kv head."""
+    r, hkv, g, x = q.shape
+    return q.transpose(0, 1).reshape(1, hkv, r * g, x)
+
+
+def _unfold(o: torch.Tensor, r: int) -> torch.Tensor:
+    """The inverse of `_fold`: [1, Hkv, r g, x] -> [r, Hkv, g, x] (a view)."""
+    hkv, x = o.shape[1], o.shape[-1]
+    return o.view(hkv, r, -1, x).transpose(0, 1)
+
+
+def _attend_joint(layer: int, q: torch.Tensor, plan: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention of every row over its buffer, the runs all rows read and its own runs, as one
+    softmax: the scores side by side (no K/V is copied, only scores: each row's own runs packed into
+    one block padded with -inf to the longest row's), one softmax, each part's share of the
+    probabilities times its V, summed. q [B, Hkv, g, d], already scaled -> (out [B, Hkv, g, d], its
+    log-normaliser [B, Hkv, g] when some runs are merged after (`plan.parts`), else None)."""
+    bsz = q.shape[0]
+    scores = torch.matmul(q, plan.k_buf[layer])  # [B, Hkv, g, t]
+    if plan.mask is not None:
+        scores = scores + plan.mask
+    cols = [scores]
+    qf = q if bsz == 1 else _fold(q)  # [1, Hkv, B g, d]
+    for kt, _ in plan.shared:
+        s = torch.matmul(qf, kt[layer])  # [1, Hkv, B g, m]
+        cols.append(s if bsz == 1 else _unfold(s, bsz))
+    if plan.singles:
+        block = q.new_full(q.shape[:-1] + (plan.single_len,), float("-inf"))  # [B, Hkv, g, S]
+        for row, runs in plan.singles.items():
+            qr, off = q[row], 0
+            for kt, _, m in runs:
+                torch.matmul(qr, kt[layer], out=block[row, :, :, off:off + m])
+                off += m
+        cols.append(block)
+    scores = torch.cat(cols, dim=-1) if len(cols) > 1 else scores
+    lse = torch.logsumexp(scores, dim=-1) if plan.parts else None
+    p = torch.exp(scores - lse[..., None]) if lse is not None else torch.softmax(scores, dim=-1)
+    t = plan.v_buf[layer].shape[-2]
+    out = torch.matmul(p[..., :t], plan.v_buf[layer])
+    for _, vs in plan.shared:
+        m = vs[layer].shape[-2]
+        pr = p[..., t:t + m]
+        if bsz == 1:
+            out = torch.baddbmm(out[0], pr[0], vs[layer]).unsqueeze(0)
+        else:
+            out = out + _unfold(torch.matmul(_fold(pr), vs[layer]), bsz)
+        t += m
+    for row, runs in plan.singles.items():
+        orow, off = out[row], t
+        for _, vs, m in runs:
+            orow.baddbmm_(p[row, :, :, off:off + m], vs[layer])
+            off += m
+    return out, lse
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention with its log-normaliser: q [N, Hkv, n, d] (already scaled when ATTENTION is
-    "math"), k/v [N, Hkv, m, d] -> (out [N, Hkv, n, d], lse [N, Hkv, n]). "flash": SDPA's CPU flash
-    kernel in one op; "math": five ops, faster for the few query rows of a decode step."""
+    """Attention with its log-normaliser: q [N, Hkv, n, d] (already scaled), k/v [N, Hkv, m, d] ->
+    (out [N, Hkv, n, d], lse [N, Hkv, n]). "flash": SDPA's CPU flash kernel in one op; "math": five
+    ops, faster for the few query rows of a decode step."""
     if ATTENTION == "flash":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
-                                                                           scale=scale)
+                                                                           scale=1.0)
     s = torch.matmul(q, k.transpose(-1, -2))  # [N, Hkv, n, m]
     if mask is not None:
         s = s + mask
@@ -212,20 +307,3 @@ def _merge(outs: torch.Tensor, lses: torch.Tensor, rid: torch.Tensor, first: tor
     den = torch.zeros_like(first).index_add_(0, rid, w)
     num = outs.new_zeros((bsz,) + outs.shape[1:]).index_add_(0, rid, outs * w[..., None])
     return num / den[..., None]
-
-
-def _prefix_parts(groups: list, bsz: int) -> tuple[list, torch.Tensor | None]:
-    """The batch's prefix groups as (K [L, 1, Hkv, m, d], V, rows) with rows None (all), an int
-    (one row) or a tensor, and rid: the row of each merged part (the buffers' first, then each group's)."""
-    if not groups:
-        return [], None
-    out, rids = [], [torch.arange(bsz)]
-    for kv, used, rows in groups:
-        ks, vs = kv[:, 0, :, :used].unsqueeze(1), kv[:, 1, :, :used].unsqueeze(1)
-        if rows is None:
-            out.append((ks, vs, None))
-            rids.append(torch.arange(bsz))
-        else:
-            out.append((ks, vs, int(rows[0]) if rows.shape[0] == 1 else rows))
-            rids.append(rows)
-    return out, torch.cat(rids)
