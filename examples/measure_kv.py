@@ -5,6 +5,7 @@
     python examples/measure_kv.py alloc  [--batch 1 8]                 # bytes allocated per decode step
     python examples/measure_kv.py asks   [--puzzles 2]                 # ASKS vs exact: extra reuse, agreement
     python examples/measure_kv.py decode [--threads 1]                 # step time vs HF generate vs bandwidth limit
+    python examples/measure_kv.py compile [--threads 1]                # torch.compile of a layer's dense part vs the eager step
 
 All use the default model (SmolLM2-135M-Instruct, fp32, CPU unless --device). Timings are for
 information only (no test depends on them).
@@ -343,9 +344,88 @@ def cmd_decode(args, lm) -> None:
         print(json.dumps(row), flush=True)
 
 
+def cmd_compile(args, lm) -> None:
+    """torch.compile (inductor, CPU) tried on the fast step's dense part of a layer: output
+    projection + residual, RMSNorm, gate/up, SiLU x up, down + residual (three of the layer's four
+    matrix products and most of its elementwise ops). Side by side, per layer summed over all 30 at
+    each B: the eager fast step's (oneDNN-packed weights), inductor with the weights as inputs,
+    and inductor with the weights frozen into the graph (`freezing`: inductor packs them itself);
+    the first call's seconds (compile) and the largest difference from eager. Inductor cannot
+    lower oneDNN's packed-linear op with an input weight, so the eager weights are not reusable."""
+    import torch
+    import torch._inductor.config as inductor
+    import torch.nn.functional as F
+
+    from treesearch.decoder import decoder_for
+
+    dec = decoder_for(lm.model)
+    base = lm.model.model
+
+    def eager(lw, attn, x):
+        x = lw.o.add(attn, x)
+        gu = lw.gate_up(dec._norm(x))
+        return lw.down.add(F.silu(gu[:, :lw.inter]) * gu[:, lw.inter:], x)
+
+    def plain(attn, x, o_w, gu_w, down_w, inter: int):
+        x = torch.addmm(x, attn, o_w.t())
+        gu = F.linear(dec._norm(x), gu_w)
+        return torch.addmm(x, F.silu(gu[:, :inter]) * gu[:, inter:], down_w.t())
+
+    class Dense(torch.nn.Module):  # one layer's weights as constants, for freezing
+        def __init__(self, w: tuple) -> None:
+            super().__init__()
+            self.o, self.gu, self.down = (torch.nn.Parameter(t, requires_grad=False) for t in w)
+            self.inter = w[2].shape[1]
+
+        def forward(self, attn, x):
+            return plain(attn, x, self.o, self.gu, self.down, self.inter)
+
+    weights = []
+    for layer in base.layers:  # the same weights the packed step uses (the norm's folded into gate/up)
+        mlp = layer.mlp
+        gu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]) * layer.post_attention_layernorm.weight
+        weights.append(tuple(t.detach().contiguous() for t in (layer.self_attn.o_proj.weight, gu, mlp.down_proj.weight)))
+    torch._dynamo.config.recompile_limit = 4 * len(weights)  # one frozen graph per layer (and B)
+    torch._dynamo.config.accumulated_recompile_limit = 16 * len(weights)
+    plain_c = torch.compile(plain, dynamic=False)
+    inductor.freezing = True
+    frozen_c = [torch.compile(Dense(w).eval(), dynamic=False) for w in weights]
+
+    def run_all(way, attn, x):
+        for i, lw in enumerate(dec.layers):
+            if way == "eager":
+                eager(lw, attn, x)
+            elif way == "inputs":
+                plain_c(attn, x, *weights[i], lw.inter)
+            else:
+                frozen_c[i](attn, x)
+
+    with torch.no_grad():
+        for bsz in args.batches:
+            attn, x = torch.randn(bsz, dec.hidden), torch.randn(bsz, dec.hidden)
+            ref = eager(dec.layers[0], attn, x)
+            row: dict = {"B": bsz, "torch_threads": torch.get_num_threads()}
+            for way in ("inputs", "frozen"):
+                t0 = time.perf_counter()
+                run_all(way, attn, x)
+                row[f"{way}_first_call_s"] = round(time.perf_counter() - t0, 1)
+                got = plain_c(attn, x, *weights[0], dec.layers[0].inter) if way == "inputs" else frozen_c[0](attn, x)
+                row[f"{way}_max_diff"] = float((got - ref).abs().max())
+            times: dict[str, list[float]] = {w: [] for w in ("eager", "inputs", "frozen")}
+            for _ in range(args.repeats * 10):  # interleaved rounds, so machine load hits all alike
+                for way in times:
+                    t0 = time.perf_counter()
+                    run_all(way, attn, x)
+                    times[way].append(time.perf_counter() - t0)
+            for way, ts in times.items():
+                row[f"{way}_ms"] = round(1000 * statistics.median(ts), 2)
+            row.update({f"{w}/eager": round(row[f"{w}_ms"] / row["eager_ms"], 2) for w in ("inputs", "frozen")})
+            print(json.dumps(row), flush=True)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["game24", "batch", "alloc", "asks", "decode"])
+    ap.add_argument("what", choices=["game24", "batch", "alloc", "asks", "decode", "compile"])
     ap.add_argument("--puzzles", type=int, default=2)
     ap.add_argument("--start", type=int, default=900)
     ap.add_argument("--fraction", type=float, default=0.25, help="budget as a fraction of the unbounded peak")
@@ -373,7 +453,7 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     lm = load_model("tiny" if args.tiny else None, device=args.device)
     {"game24": cmd_game24, "batch": cmd_batch, "alloc": cmd_alloc, "asks": cmd_asks,
-     "decode": cmd_decode}[args.what](args, lm)
+     "decode": cmd_decode, "compile": cmd_compile}[args.what](args, lm)
 
 
 if __name__ == "__main__":
