@@ -211,23 +211,34 @@ def cmd_asks(args, lm) -> None:
 def stream_rate(reps: int = 7) -> dict:
     """GB/s of a 512 MiB fp32 matrix-vector product, plain (`F.linear`) and with the weight packed
     for oneDNN (`mkldnn._linear_pointwise`): the fastest is the machine's streaming rate."""
+    return {name: _W_BYTES / statistics.median(fn() for _ in range(reps)) / 1e9 for name, fn in _stream_ways().items()}
+
+
+_W_BYTES = 16384 * 8192 * 4
+_STREAM: dict = {}
+
+
+def _stream_ways() -> dict:
+    """One timed call (seconds) of each way of streaming the 512 MiB matrix (built and packed once)."""
     import torch
 
-    w, x = torch.randn(16384, 8192), torch.randn(1, 8192)
-    ways = {"linear": (lambda: torch.nn.functional.linear(x, w))}
-    if torch.backends.mkldnn.is_available():
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)  # batch-size hint 4: streams faster than 1
-        ways["mkldnn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    out = {}
-    for name, fn in ways.items():
-        fn()
-        ts = []
-        for _ in range(reps):
+    if not _STREAM:
+        w, x = torch.randn(16384, 8192), torch.randn(1, 8192)
+        _STREAM["linear"] = (lambda: torch.nn.functional.linear(x, w))
+        if torch.backends.mkldnn.is_available():
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)  # batch-size hint 4: streams faster than 1
+            _STREAM["mkldnn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+        for fn in _STREAM.values():
+            fn()
+
+    def timed(fn):
+        def run() -> float:
             t0 = time.perf_counter()
             fn()
-            ts.append(time.perf_counter() - t0)
-        out[name] = w.numel() * 4 / statistics.median(ts) / 1e9
-    return out
+            return time.perf_counter() - t0
+        return run
+
+    return {name: timed(fn) for name, fn in _STREAM.items()}
 
 
 def weight_bytes(lm) -> int:
@@ -269,47 +280,54 @@ def hf_step_ms(lm, ids: list[int], steps: int) -> float:
     return 1000 * statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
 
 
-def our_step_ms(lm, prefix: str, batches: list[int], steps: int, repeats: int, path: str) -> dict[int, float]:
-    """Median ms of one Engine decode step with all B rows running, over a cached prefix (rounds
-    interleave the batch sizes, so machine load hits all alike). path: "layers" or "fast"."""
+def step_engines(lm, prefix: str, batches: list[int], steps: int, path: str) -> dict:
+    """One warmed Engine per batch size over a cached prefix (the rows read it in place, and their
+    prompts' own tokens are cached too). path: "layers" or "fast"."""
     from treesearch.config import RKSCConfig, Sampling
     from treesearch.engine import Engine
 
-    sampling = Sampling(max_new_tokens=1 + steps, ignore_eos=True)
     engines = {}
     for bsz in batches:
         eng = Engine(lm, RKSCConfig(kv_sharing="exact"))
         if path == "layers":
             eng.forward.decoder = None
-        eng.score([prefix], [" yes", " no"])  # the prefix is cached: the rows below read it in place
+        eng.score([prefix], [" yes", " no"])
         prompts = [prefix + f" Branch {b}: the answer is" for b in range(bsz)]
-        eng.generate(prompts, sampling)  # warm-up, and the prompts' own tokens cached too
+        eng.generate(prompts, Sampling(max_new_tokens=1 + steps, ignore_eos=True))  # warm-up
         engines[bsz] = (eng, prompts)
-    times: dict[int, list[float]] = {bsz: [] for bsz in batches}
-    for _ in range(repeats):
-        for bsz in batches:
-            eng, prompts = engines[bsz]
-            step = eng.forward.step
+    return engines
 
-            def timed(batch, toks, *a, _step=step, _bsz=bsz, **kw):
-                t0 = time.perf_counter()
-                out = _step(batch, toks, *a, **kw)
-                if len(toks) == _bsz:
-                    times[_bsz].append(time.perf_counter() - t0)
-                return out
 
-            eng.forward.step = timed
-            try:
-                eng.generate(prompts, sampling)
-            finally:
-                del eng.forward.step
-    return {bsz: 1000 * statistics.median(times[bsz]) for bsz in batches}
+def timed_steps(eng, prompts: list[str], steps: int) -> list[float]:
+    """Seconds of each decode step of one generate call in which every row is still running."""
+    from treesearch.config import Sampling
+
+    times: list[float] = []
+    step = eng.forward.step
+
+    def timed(batch, toks, *a, **kw):
+        t0 = time.perf_counter()
+        out = step(batch, toks, *a, **kw)
+        if len(toks) == len(prompts):
+            times.append(time.perf_counter() - t0)
+        return out
+
+    eng.forward.step = timed
+    try:
+        eng.generate(prompts, Sampling(max_new_tokens=1 + steps, ignore_eos=True))
+    finally:
+        del eng.forward.step
+    return times
 
 
 def cmd_decode(args, lm) -> None:
     """Decode step time side by side (issue 19): ours at each B over each context length (layer
-    path and fast path), plain transformers `generate` at B=1, and the bandwidth limit
-    (weight bytes / the fastest fp32 matrix-vector streaming rate measured here)."""
+    path and fast path), plain transformers `generate` at B=1, and the bandwidth limit (weight
+    bytes / the fastest fp32 matrix-vector streaming rate). Every round measures all of them, the
+    limit included, one after another; each ratio is taken within a round, then the median over
+    rounds. On a machine whose memory bandwidth moves with its neighbours' load (seen here: the
+    same step 25 ms in one round, 34 ms in the next), a limit measured once would compare times
+    of different moments."""
     import torch
 
     try:
@@ -318,29 +336,36 @@ def cmd_decode(args, lm) -> None:
         def qualifies(model) -> bool:
             return False
 
-    rates = stream_rate()
     wbytes = weight_bytes(lm)
-    limit = 1000 * wbytes / (max(rates.values()) * 1e9)
-    print(json.dumps({"weight_bytes": wbytes, "stream_GBps": {k: round(v, 1) for k, v in rates.items()},
-                      "limit_ms": round(limit, 1), "torch_threads": torch.get_num_threads(),
-                      "fast_path": qualifies(lm.model)}), flush=True)
+    print(json.dumps({"weight_bytes": wbytes, "torch_threads": torch.get_num_threads(),
+                      "fast_path": qualifies(lm.model), "rounds": args.repeats}), flush=True)
     words = " alpha beta gamma delta river stone cloud green quiet table".split()
     paths = ["layers", "fast"] if qualifies(lm.model) else ["layers"]
+    best, b1, bmax = paths[-1], args.batches[0], args.batches[-1]
     for ctx in args.prefixes:
         prefix = "".join(f" {words[i % len(words)]}" for i in range(ctx))
-        row: dict = {"context": ctx}
-        for path in paths:
-            ms = our_step_ms(lm, prefix, args.batches, args.steps, args.repeats, path)
-            row.update({f"{path}_B{b}_ms": round(v, 1) for b, v in ms.items()})
+        engines = {path: step_engines(lm, prefix, args.batches, args.steps, path) for path in paths}
         ids = lm.tokenizer(prefix + " Branch 0: the answer is")["input_ids"]
-        row["hf_generate_B1_ms"] = hf_step_ms(lm, ids, args.steps)
-        row["limit_ms"] = round(limit, 1)
-        best = paths[-1]
-        b1, bmax = row[f"{best}_B{args.batches[0]}_ms"], row[f"{best}_B{args.batches[-1]}_ms"]
-        row.update({f"{best}_B{args.batches[0]}/limit": round(b1 / limit, 2),
-                    f"{best}_B{args.batches[0]}/hf": round(b1 / row["hf_generate_B1_ms"], 2),
-                    f"{best}_B{args.batches[-1]}/B{args.batches[0]}": round(bmax / b1, 2)})
-        row["hf_generate_B1_ms"] = round(row["hf_generate_B1_ms"], 1)
+        rounds = []
+        for _ in range(args.repeats):
+            rates = stream_rate()
+            r = {"limit": 1000 * wbytes / (max(rates.values()) * 1e9), "stream_GBps": max(rates.values())}
+            for path in paths:
+                for bsz, (eng, prompts) in engines[path].items():
+                    r[f"{path}_B{bsz}"] = 1000 * statistics.median(timed_steps(eng, prompts, args.steps))
+            r["hf"] = hf_step_ms(lm, ids, args.steps)
+            rounds.append(r)
+        med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+        row: dict = {"context": ctx}
+        row.update({f"{k}_ms": round(v, 1) for k, v in med.items() if k not in ("limit", "hf", "stream_GBps")})
+        row["hf_generate_B1_ms"] = round(med["hf"], 1)
+        row["stream_GBps"] = round(med["stream_GBps"], 1)
+        row["limit_ms"] = round(med["limit"], 1)
+        row["limit_ms_range"] = [round(min(r["limit"] for r in rounds), 1), round(max(r["limit"] for r in rounds), 1)]
+        ratio = {f"{best}_B{b1}/limit": lambda r: r[f"{best}_B{b1}"] / r["limit"],
+                 f"{best}_B{b1}/hf": lambda r: r[f"{best}_B{b1}"] / r["hf"],
+                 f"{best}_B{bmax}/B{b1}": lambda r: r[f"{best}_B{bmax}"] / r[f"{best}_B{b1}"]}
+        row.update({k: round(statistics.median(f(r) for r in rounds), 2) for k, f in ratio.items()})
         print(json.dumps(row), flush=True)
 
 
@@ -388,8 +413,7 @@ def cmd_compile(args, lm) -> None:
     torch._dynamo.config.recompile_limit = 4 * len(weights)  # one frozen graph per layer (and B)
     torch._dynamo.config.accumulated_recompile_limit = 16 * len(weights)
     plain_c = torch.compile(plain, dynamic=False)
-    inductor.freezing = True
-    frozen_c = [torch.compile(Dense(w).eval(), dynamic=False) for w in weights]
+    frozen_c = [torch.compile(Dense(w).eval(), dynamic=False) for w in weights]  # compiled at first call
 
     def run_all(way, attn, x):
         for i, lw in enumerate(dec.layers):
@@ -400,7 +424,7 @@ def cmd_compile(args, lm) -> None:
             else:
                 frozen_c[i](attn, x)
 
-    with torch.no_grad():
+    with torch.no_grad(), inductor.patch(freezing=True):
         for bsz in args.batches:
             attn, x = torch.randn(bsz, dec.hidden), torch.randn(bsz, dec.hidden)
             ref = eager(dec.layers[0], attn, x)

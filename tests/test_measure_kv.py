@@ -1,0 +1,40 @@
+"""`examples/measure_kv.py`'s decode and compile modes run end to end (tiny model, small sizes)
+and print what the README's tables are read from: every column, times > 0, ratios taken within
+rounds, and torch.compile's outputs equal to the eager step's. The figures themselves are
+measurements, never asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*argv: str) -> list[dict]:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "measure_kv.py"), *argv, "--tiny", "--threads", "1"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def test_decode_mode_prints_every_path_batch_and_the_limit_for_each_context():
+    head, *rows = run("decode", "--prefixes", "8", "40", "--batches", "1", "3", "--steps", "3", "--repeats", "2")
+    assert head["fast_path"] is True and head["rounds"] == 2 and head["weight_bytes"] > 0
+    assert [r["context"] for r in rows] == [8, 40]
+    for r in rows:
+        for key in ("layers_B1_ms", "layers_B3_ms", "fast_B1_ms", "fast_B3_ms", "hf_generate_B1_ms", "limit_ms"):
+            assert r[key] > 0, key
+        lo, hi = r["limit_ms_range"]
+        assert lo <= r["limit_ms"] <= hi
+        assert {"fast_B1/limit", "fast_B1/hf", "fast_B3/B1"} <= set(r)
+
+
+def test_compile_mode_compares_inductor_with_the_eager_step_on_equal_outputs():
+    rows = run("compile", "--batches", "1", "2", "--repeats", "1")
+    assert [r["B"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["eager_ms"] > 0 and r["inputs_ms"] > 0 and r["frozen_ms"] > 0
+        assert r["inputs_max_diff"] <= 1e-4 and r["frozen_max_diff"] <= 1e-4
