@@ -102,6 +102,38 @@ def test_rows_own_runs_of_different_lengths_join_one_softmax(tiny_lm):
     assert len(set(lens)) > 1 and first.single_len == max(lens)
 
 
+def test_the_last_row_left_reads_its_padded_buffer_masked(tiny_lm, monkeypatch):
+    """Rows padded to the longest prompt, then every row but the shortest one stops (a stop rule
+    on both paths): the single row left decodes over a buffer with padding in it, as the layer
+    path does."""
+    from treesearch.forward import Forward
+
+    done = Forward.finished
+
+    def finished(self, gen, sampling):
+        return "stop" if len(gen) == 2 and self.stop_next.pop(0) else done(self, gen, sampling)
+
+    monkeypatch.setattr(Forward, "finished", finished)
+    prompts = [words(14), words(9, 3), words(3, 6)]  # the last, shortest, is left alone
+    out = {}
+    for fast in (False, True):
+        eng = Engine(tiny_lm, RKSCConfig(kv_sharing="off", fast_decode=fast))
+        eng.forward.stop_next = [True, True, False]  # checked in row order at the second token
+        steps: list[torch.Tensor] = []
+        step = eng.forward.step
+
+        def record(batch, toks, *a, _step=step, **kw):
+            logits = _step(batch, toks, *a, **kw)
+            steps.append(logits.clone())
+            return logits
+
+        eng.forward.step = record
+        out[fast] = (eng.generate(prompts, Sampling(max_new_tokens=8, ignore_eos=True)), steps)
+    assert [len(g.token_ids) for g in out[True][0]] == [2, 2, 8]
+    assert [s.shape[0] for s in out[True][1]] == [3] + [1] * 6
+    assert_same(out)
+
+
 def test_fast_step_equals_layer_path_without_sharing(tiny_lm):
     prompts = ["short", "a somewhat longer prompt with more words in it", "x " * 30]
     out = {}

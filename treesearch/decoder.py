@@ -165,7 +165,7 @@ class Decoder:
         plan.k_new[layer].copy_(qk[:, heads:])
         plan.v_new[layer].copy_(qkv[:, (heads + hkv) * d:].view(bsz, hkv, d))
         if ATTENTION == "math":
-            out, lse = _attend_joint(layer, q, plan)
+            out, lse = _attend_one(layer, q, plan) if bsz == 1 else _attend_joint(layer, q, plan)
         else:
             out, lse = _flash(q, plan.k_buf[layer].transpose(-1, -2), plan.v_buf[layer], plan.mask)
         if plan.parts:
@@ -236,6 +236,24 @@ def _unfold(o: torch.Tensor, r: int) -> torch.Tensor:
     """The inverse of `_fold`: [1, Hkv, r g, x] -> [r, Hkv, g, x] (a view)."""
     hkv, x = o.shape[1], o.shape[-1]
     return o.view(hkv, r, -1, x).transpose(0, 1)
+
+
+def _attend_one(layer: int, q: torch.Tensor, plan: Plan) -> tuple[torch.Tensor, None]:
+    """`_attend_joint` for a batch of one row, in 3-d products (`bmm`, no matmul broadcasting): one
+    row reads every run it has (all are `shared`); its buffer is masked where it was padded for
+    rows that have finished since."""
+    q3 = q[0]  # [Hkv, g, d]
+    cols = [torch.bmm(q3, plan.k_buf[layer][0])] + [torch.bmm(q3, kt[layer]) for kt, _ in plan.shared]
+    if plan.mask is not None:  # the padding of rows that have left the batch
+        cols[0] = cols[0] + plan.mask[0]
+    p = torch.softmax(torch.cat(cols, dim=-1) if len(cols) > 1 else cols[0], dim=-1)  # [Hkv, g, T]
+    t = cols[0].shape[-1]
+    out = torch.bmm(p[..., :t], plan.v_buf[layer][0])
+    for (_, vs), c in zip(plan.shared, cols[1:]):
+        m = c.shape[-1]
+        out = torch.baddbmm(out, p[..., t:t + m], vs[layer])
+        t += m
+    return out.unsqueeze(0), None
 
 
 def _attend_joint(layer: int, q: torch.Tensor, plan: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
