@@ -125,21 +125,7 @@ def cmd_batch(args, lm) -> None:
     steps: dict[int, list[float]] = {bsz: [] for bsz in args.batch}
     for _ in range(args.repeats):
         for bsz in args.batch:  # the prompts are cached now: these calls time decoding only
-            eng, prompts = engines[bsz]
-            step = eng.forward.step
-
-            def timed(batch, toks, *a, _step=step, _bsz=bsz, **kw):
-                t0 = time.perf_counter()
-                out = _step(batch, toks, *a, **kw)
-                if len(toks) == _bsz:  # a decode step with every row still running
-                    steps[_bsz].append(time.perf_counter() - t0)
-                return out
-
-            eng.forward.step = timed
-            try:
-                eng.generate(prompts, Sampling(max_new_tokens=1 + args.steps))
-            finally:
-                del eng.forward.step
+            steps[bsz] += timed_steps(*engines[bsz], args.steps)
     for bsz in args.batch:
         print(json.dumps({**rows[bsz], "decode_ms_per_step": round(1000 * statistics.median(steps[bsz]), 1),
                           "decode_steps_timed": len(steps[bsz]), "torch_threads": torch.get_num_threads()}),

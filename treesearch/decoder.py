@@ -2,17 +2,22 @@
 
 Why: a decode step through the transformers layers is mostly per-operation overhead (30 layers of
 dozens of small eager ops, Python per layer and per cached run), not weight reads. This step runs
-about 20 tensor ops per layer over weights packed once per model:
+about 40 small ops per layer (views included) over weights packed once per model:
 - q/k/v fused into one projection and gate/up into another; each packed for oneDNN's linear
   (`mkldnn._reorder_linear_weight`) where torch has it: on this project's machines it streams a
-  matrix-vector product about twice as fast as `F.linear` and keeps batched rows near that rate.
-  The packed weights are a second copy (the model's weight bytes again, held per model).
+  matrix-vector product about 1.5x as fast as `F.linear` and keeps batched rows near that rate.
+  The packed weights are a second copy (the model's weight bytes again, held per model). Each
+  RMSNorm's weight is folded into the projection after it, and the attention scale into q's rows.
 - RoPE as x cos + roll(x, d/2) sin', sin' = sin with its first half negated (rotate_half in one op).
-- Attention over the batch's own buffer and each cached prefix run (`treesearch.attention.BatchKV`),
-  each part with its log-sum-exp l_i (`ATTENTION`: plain matmul/logsumexp, or SDPA's CPU flash
-  kernel, which returns l_i too but is slower here for a step's few query rows); all rows'
-  parts merged at once (per row, head and query): out = sum_i e^{l_i - m} o_i / sum_i e^{l_i - m},
-  m = max_i l_i (the Hydragen decomposition, as in `treesearch.attention`).
+- Attention ("math", `_attend_joint`): one softmax over each row's buffer, the cached runs every
+  row reads and the row's own runs, their scores side by side (K/V read in place, never copied).
+  Runs that only some rows read (and every run, with `ATTENTION = "flash"`: SDPA's CPU flash kernel,
+  slower here for a step's few query rows) are parts with their log-sum-exp l_i, merged at once
+  (per row, head and query): out = sum_i e^{l_i - m} o_i / sum_i e^{l_i - m}, m = max_i l_i (the
+  Hydragen decomposition, as in `treesearch.attention`).
+
+torch.compile was measured against this step and lost at every granularity tried
+(`examples/measure_kv.py compile`; README, Performance), so nothing here is compiled.
 
 `qualifies(model)`: a Llama model (model_type "llama", SiLU, no biases, float32, CPU). Any other
 model decodes through the transformers layers (`treesearch.forward.Forward.layers`). Prefill and
@@ -152,7 +157,7 @@ class Decoder:
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         """RMSNorm without its weight (folded into the next projection): x / sqrt(mean(x^2) + eps),
-        as the model's own RMSNorm computes it, in four ops (F.rms_norm runs about eight here)."""
+        as the model's own RMSNorm computes it, in five small ops (F.rms_norm runs about eight here)."""
         return x * torch.rsqrt(x.square().mean(-1, keepdim=True).add_(self.eps))
 
     def _attend(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: Plan) -> torch.Tensor:
@@ -165,7 +170,8 @@ class Decoder:
         plan.k_new[layer].copy_(qk[:, heads:])
         plan.v_new[layer].copy_(qkv[:, (heads + hkv) * d:].view(bsz, hkv, d))
         if ATTENTION == "math":
-            out, lse = _attend_one(layer, q, plan) if bsz == 1 else _attend_joint(layer, q, plan)
+            one = bsz == 1 and not plan.singles and not plan.parts  # what a single row's batch always is
+            out, lse = _attend_one(layer, q, plan) if one else _attend_joint(layer, q, plan)
         else:
             out, lse = _flash(q, plan.k_buf[layer].transpose(-1, -2), plan.v_buf[layer], plan.mask)
         if plan.parts:
