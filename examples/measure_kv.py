@@ -266,6 +266,31 @@ def hf_step_ms(lm, ids: list[int], steps: int) -> float:
     return 1000 * statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
 
 
+def products_ms(lm, bsz: int, reps: int = 5) -> float:
+    """Median ms of the fast step's matrix products alone, back to back (every layer's qkv, o,
+    gate/up and down, then the LM head; the same packed weights, random rows): the part of a step
+    that is weight streaming, to set beside the step and the limit."""
+    import torch
+
+    from treesearch.decoder import decoder_for
+
+    dec = decoder_for(lm.model)
+    x, gu = torch.randn(bsz, dec.hidden), torch.randn(bsz, dec.layers[0].inter)
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        for lw in dec.layers:
+            lw.qkv(x)
+            lw.o.add(x, x)
+            lw.gate_up(x)
+            lw.down.add(gu, x)
+        dec.head(x)
+        return time.perf_counter() - t0
+
+    run()
+    return 1000 * statistics.median(run() for _ in range(reps))
+
+
 def step_engines(lm, prefix: str, batches: list[int], steps: int, path: str) -> dict:
     """One warmed Engine per batch size over a cached prefix (the rows read it in place, and their
     prompts' own tokens are cached too). path: "layers" or "fast"."""
@@ -308,8 +333,9 @@ def timed_steps(eng, prompts: list[str], steps: int) -> list[float]:
 
 def cmd_decode(args, lm) -> None:
     """Decode step time side by side (issue 19): ours at each B over each context length (layer
-    path and fast path), plain transformers `generate` at B=1, and the bandwidth limit (weight
-    bytes / the fastest fp32 matrix-vector streaming rate). Every round measures all of them, the
+    path and fast path), plain transformers `generate` at B=1, the bandwidth limit (weight bytes /
+    the fastest fp32 matrix-vector streaming rate) and the fast step's matrix products alone at
+    the first B (`products_ms`). Every round measures all of them, the
     limit included, one after another; each ratio is taken within a round, then the median over
     rounds. On a machine whose memory bandwidth moves with its neighbours' load (seen here: the
     same step 25 ms in one round, 34 ms in the next), a limit measured once would compare times
@@ -336,6 +362,8 @@ def cmd_decode(args, lm) -> None:
         for _ in range(args.repeats):
             rates = stream_rate()
             r = {"limit": 1000 * wbytes / (max(rates.values()) * 1e9), "stream_GBps": max(rates.values())}
+            if "fast" in paths:
+                r[f"products_B{b1}"] = products_ms(lm, b1)
             for path in paths:
                 for bsz, (eng, prompts) in engines[path].items():
                     r[f"{path}_B{bsz}"] = 1000 * statistics.median(timed_steps(eng, prompts, args.steps))
@@ -344,6 +372,10 @@ def cmd_decode(args, lm) -> None:
         med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
         row: dict = {"context": ctx}
         row.update({f"{k}_ms": round(v, 1) for k, v in med.items() if k not in ("limit", "hf", "stream_GBps")})
+        if "fast" in paths:  # the step's own weight streaming against the limit, and the rest of the step
+            ratio_products = {f"products_B{b1}/limit": lambda r: r[f"products_B{b1}"] / r["limit"],
+                              f"fast_B{b1}/products": lambda r: r[f"fast_B{b1}"] / r[f"products_B{b1}"]}
+            row.update({k: round(statistics.median(f(r) for r in rounds), 2) for k, f in ratio_products.items()})
         row["hf_generate_B1_ms"] = round(med["hf"], 1)
         row["stream_GBps"] = round(med["stream_GBps"], 1)
         row["limit_ms"] = round(med["limit"], 1)

@@ -25,11 +25,12 @@ def test_decode_mode_prints_every_path_batch_and_the_limit_for_each_context():
     assert head["fast_path"] is True and head["rounds"] == 2 and head["weight_bytes"] > 0
     assert [r["context"] for r in rows] == [8, 40]
     for r in rows:
-        for key in ("layers_B1_ms", "layers_B3_ms", "fast_B1_ms", "fast_B3_ms", "hf_generate_B1_ms", "limit_ms"):
+        for key in ("layers_B1_ms", "layers_B3_ms", "fast_B1_ms", "fast_B3_ms", "hf_generate_B1_ms", "limit_ms",
+                    "products_B1_ms"):
             assert r[key] > 0, key
         lo, hi = r["limit_ms_range"]
         assert lo <= r["limit_ms"] <= hi
-        assert {"fast_B1/limit", "fast_B1/hf", "fast_B3/B1"} <= set(r)
+        assert {"fast_B1/limit", "fast_B1/hf", "fast_B3/B1", "products_B1/limit", "fast_B1/products"} <= set(r)
 
 
 def test_compile_mode_compares_inductor_with_the_eager_step_on_equal_outputs():
