@@ -197,15 +197,24 @@ def cmd_asks(args, lm) -> None:
 def stream_rate(reps: int = 7) -> dict:
     """GB/s of a 512 MiB fp32 matrix-vector product, plain (`F.linear`) and with the weight packed
     for oneDNN (`mkldnn._linear_pointwise`): the fastest is the machine's streaming rate."""
-    return {name: _W_BYTES / statistics.median(fn() for _ in range(reps)) / 1e9 for name, fn in _stream_ways().items()}
+    out = {}
+    for name, fn in _stream_fns().items():
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        out[name] = _W_BYTES / statistics.median(ts) / 1e9
+    return out
 
 
 _W_BYTES = 16384 * 8192 * 4
 _STREAM: dict = {}
 
 
-def _stream_ways() -> dict:
-    """One timed call (seconds) of each way of streaming the 512 MiB matrix (built and packed once)."""
+def _stream_fns() -> dict:
+    """Each way of streaming the 512 MiB matrix, built and packed once per process (every round
+    of `decode` measures the rate again, not the packing)."""
     import torch
 
     if not _STREAM:
@@ -216,15 +225,7 @@ def _stream_ways() -> dict:
             _STREAM["mkldnn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
         for fn in _STREAM.values():
             fn()
-
-    def timed(fn):
-        def run() -> float:
-            t0 = time.perf_counter()
-            fn()
-            return time.perf_counter() - t0
-        return run
-
-    return {name: timed(fn) for name, fn in _STREAM.items()}
+    return _STREAM
 
 
 def weight_bytes(lm) -> int:
@@ -372,18 +373,16 @@ def cmd_decode(args, lm) -> None:
         med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
         row: dict = {"context": ctx}
         row.update({f"{k}_ms": round(v, 1) for k, v in med.items() if k not in ("limit", "hf", "stream_GBps")})
-        if "fast" in paths:  # the step's own weight streaming against the limit, and the rest of the step
-            ratio_products = {f"products_B{b1}/limit": lambda r: r[f"products_B{b1}"] / r["limit"],
-                              f"fast_B{b1}/products": lambda r: r[f"fast_B{b1}"] / r[f"products_B{b1}"]}
-            row.update({k: round(statistics.median(f(r) for r in rounds), 2) for k, f in ratio_products.items()})
         row["hf_generate_B1_ms"] = round(med["hf"], 1)
         row["stream_GBps"] = round(med["stream_GBps"], 1)
         row["limit_ms"] = round(med["limit"], 1)
         row["limit_ms_range"] = [round(min(r["limit"] for r in rounds), 1), round(max(r["limit"] for r in rounds), 1)]
-        ratio = {f"{best}_B{b1}/limit": lambda r: r[f"{best}_B{b1}"] / r["limit"],
-                 f"{best}_B{b1}/hf": lambda r: r[f"{best}_B{b1}"] / r["hf"],
-                 f"{best}_B{bmax}/B{b1}": lambda r: r[f"{best}_B{bmax}"] / r[f"{best}_B{b1}"]}
-        row.update({k: round(statistics.median(f(r) for r in rounds), 2) for k, f in ratio.items()})
+        ratio = {f"{best}_B{b1}/limit": (f"{best}_B{b1}", "limit"), f"{best}_B{b1}/hf": (f"{best}_B{b1}", "hf"),
+                 f"{best}_B{bmax}/B{b1}": (f"{best}_B{bmax}", f"{best}_B{b1}")}
+        if "fast" in paths:  # the step's own weight streaming against the limit, and the rest of the step
+            ratio.update({f"products_B{b1}/limit": (f"products_B{b1}", "limit"),
+                          f"fast_B{b1}/products": (f"fast_B{b1}", f"products_B{b1}")})
+        row.update({k: round(statistics.median(r[a] / r[b] for r in rounds), 2) for k, (a, b) in ratio.items()})
         print(json.dumps(row), flush=True)
 
 
@@ -403,11 +402,6 @@ def cmd_compile(args, lm) -> None:
 
     dec = decoder_for(lm.model)
     base = lm.model.model
-
-    def eager(lw, attn, x):
-        x = lw.o.add(attn, x)
-        gu = lw.gate_up(dec._norm(x))
-        return lw.down.add(F.silu(gu[:, :lw.inter]) * gu[:, lw.inter:], x)
 
     def plain(attn, x, o_w, gu_w, down_w, inter: int):
         x = torch.addmm(x, attn, o_w.t())
@@ -436,7 +430,7 @@ def cmd_compile(args, lm) -> None:
     def run_all(way, attn, x):
         for i, lw in enumerate(dec.layers):
             if way == "eager":
-                eager(lw, attn, x)
+                dec.dense(lw, attn, x)
             elif way == "inputs":
                 plain_c(attn, x, *weights[i], lw.inter)
             else:
@@ -445,7 +439,7 @@ def cmd_compile(args, lm) -> None:
     with torch.no_grad(), inductor.patch(freezing=True):
         for bsz in args.batches:
             attn, x = torch.randn(bsz, dec.hidden), torch.randn(bsz, dec.hidden)
-            ref = eager(dec.layers[0], attn, x)
+            ref = dec.dense(dec.layers[0], attn, x)
             row: dict = {"B": bsz, "torch_threads": torch.get_num_threads()}
             for way in ("inputs", "frozen"):
                 t0 = time.perf_counter()

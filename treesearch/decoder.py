@@ -149,11 +149,15 @@ class Decoder:
             torch.zeros(bsz, 1, 1, t).masked_fill_(~valid[:, None, None, :], float("-inf"))
         plan = Plan(batch, write_pos, mask)
         for i, lw in enumerate(self.layers):
-            attn = self._attend(i, lw.qkv(self._norm(x)), cos, sin, plan)  # [B, H d]
-            x = lw.o.add(attn, x)
-            gu = lw.gate_up(self._norm(x))  # [B, 2I]
-            x = lw.down.add(F.silu(gu[:, :lw.inter]) * gu[:, lw.inter:], x)
+            x = self.dense(lw, self._attend(i, lw.qkv(self._norm(x)), cos, sin, plan), x)
         return self.head(self._norm(x))
+
+    def dense(self, lw: Layer, attn: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """A layer's part after attention: output projection + residual, RMSNorm, gate/up, SiLU x
+        up, down + residual. attn [B, H d], x [B, D] -> the layer's output [B, D]."""
+        x = lw.o.add(attn, x)
+        gu = lw.gate_up(self._norm(x))  # [B, 2I]
+        return lw.down.add(F.silu(gu[:, :lw.inter]) * gu[:, lw.inter:], x)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         """RMSNorm without its weight (folded into the next projection): x / sqrt(mean(x^2) + eps),
@@ -272,11 +276,8 @@ def _attend_joint(layer: int, q: torch.Tensor, plan: Plan) -> tuple[torch.Tensor
     scores = torch.matmul(q, plan.k_buf[layer])  # [B, Hkv, g, t]
     if plan.mask is not None:
         scores = scores + plan.mask
-    cols = [scores]
-    qf = q if bsz == 1 else _fold(q)  # [1, Hkv, B g, d]
-    for kt, _ in plan.shared:
-        s = torch.matmul(qf, kt[layer])  # [1, Hkv, B g, m]
-        cols.append(s if bsz == 1 else _unfold(s, bsz))
+    qf = _fold(q) if plan.shared else None  # [1, Hkv, B g, d]
+    cols = [scores] + [_unfold(torch.matmul(qf, kt[layer]), bsz) for kt, _ in plan.shared]  # [B, Hkv, g, m]
     if plan.singles:
         block = q.new_full(q.shape[:-1] + (plan.single_len,), float("-inf"))  # [B, Hkv, g, S]
         for row, runs in plan.singles.items():
@@ -292,11 +293,7 @@ def _attend_joint(layer: int, q: torch.Tensor, plan: Plan) -> tuple[torch.Tensor
     out = torch.matmul(p[..., :t], plan.v_buf[layer])
     for _, vs in plan.shared:
         m = vs[layer].shape[-2]
-        pr = p[..., t:t + m]
-        if bsz == 1:
-            out = torch.baddbmm(out[0], pr[0], vs[layer]).unsqueeze(0)
-        else:
-            out = out + _unfold(torch.matmul(_fold(pr), vs[layer]), bsz)
+        out = out + _unfold(torch.matmul(_fold(p[..., t:t + m]), vs[layer]), bsz)
         t += m
     for row, runs in plan.singles.items():
         orow, off = out[row], t
