@@ -114,6 +114,7 @@ def test_a_killed_worker_loses_nothing_and_no_input_is_written_twice(cluster, ti
         with ResultsFile(tmp_path / "out.jsonl") as out:  # refuses an index written twice
             summary = run_inputs(KillOne(run), list(enumerate(INPUTS)), out, progress=False)
         assert run.restarts == 1  # a replacement was started
+        requeued = dict(run.requeued)
     rows = lines(tmp_path / "out.jsonl")
     assert sorted(r["index"] for r in rows) == list(range(len(INPUTS)))  # every input once
     by_index = {r["index"]: r for r in rows}
@@ -121,7 +122,11 @@ def test_a_killed_worker_loses_nothing_and_no_input_is_written_twice(cluster, ti
         assert (by_index[i]["answer"], by_index[i]["solved"], by_index[i]["status"]) == (r.answer, r.solved, "complete")
         assert by_index[i]["stats"]["decode_tokens"] == r.stats["decode_tokens"]
     name, keys = killed[0]
-    assert not any(by_index[k]["worker"] == name for k in keys)  # what it held was run again elsewhere
+    # ray.kill is asynchronous: a reply the worker sent before it died is kept (not run again), so not
+    # all it held at the kill need come back; what the driver did take back from it ran elsewhere, once.
+    assert requeued and set(requeued.values()) == {name}
+    assert not any(by_index[k]["worker"] == name for k in requeued)
+    assert all(by_index[k]["worker"] != name for k in keys if k in requeued)
     assert summary.inputs == len(INPUTS) and sum(summary.per_worker.values()) == len(INPUTS)
 
 

@@ -131,6 +131,7 @@ class DistributedRun:
         self.poll_s = poll_s
         self.cluster: Cluster | None = None
         self.restarts = 0  # replacement workers started for dead ones
+        self.requeued: dict[Hashable, str] = {}  # input key -> the dead worker it was taken back from
         self.info: dict[str, dict] = {}  # worker name -> its ready() description
         self.workers_ready_s = 0.0  # from the first actor requested to every first worker ready
         self._slots: dict[str, _Slot] = {}
@@ -189,7 +190,8 @@ class DistributedRun:
         return {name: s.actor for name, s in self._slots.items()}
 
     def holding(self) -> dict[str, list]:
-        """The keys each live worker holds unfinished."""
+        """The keys each live worker holds unfinished, as far as the driver knows: a result the
+        worker sent just before it died still counts (it is kept, and not run again)."""
         return {name: list(s.assigned) for name, s in self._slots.items()}
 
     # -- the run ----------------------------------------------------------------------------------------
@@ -225,6 +227,7 @@ class DistributedRun:
                 except (RayActorError, RayTaskError) as exc:
                     self._lost(s, exc, pending)
                     continue
+                rows = []  # the whole reply leaves `assigned` before the first yield: holding() stays true
                 for key, result in batch:
                     x = s.assigned.pop(key, _MISSING)
                     if x is _MISSING or key in returned:  # never twice
@@ -232,7 +235,8 @@ class DistributedRun:
                     returned.add(key)
                     s.finished += 1
                     result.problem = self.problem
-                    yield key, x, result
+                    rows.append((key, x, result))
+                yield from rows
 
     def _feed(self, pending: deque) -> None:
         """Hand out inputs, `batch` at a time, to the ready workers with the fewest unfinished,
@@ -283,6 +287,7 @@ class DistributedRun:
         except Exception:
             pass
         pending.extendleft(reversed(list(s.assigned.items())))
+        self.requeued.update(dict.fromkeys(s.assigned, s.name))
         why = _last_line(exc)
         log.warning("%s died (%s); its %d unfinished inputs go back to the queue", s.name, why, len(s.assigned))
         if self.restarts < self.max_restarts:
