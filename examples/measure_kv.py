@@ -335,7 +335,8 @@ def timed_steps(eng, prompts: list[str], steps: int) -> list[float]:
 def cmd_decode(args, lm) -> None:
     """Decode step time side by side (issue 19): ours at each B over each context length (layer
     path and fast path), plain transformers `generate` at B=1, the bandwidth limit (weight bytes /
-    the fastest fp32 matrix-vector streaming rate) and the fast step's matrix products alone at
+    the fastest fp32 matrix-vector streaming rate; `limit_with_kv` adds the K/V bytes a B=1 step
+    over that context reads, which grow with the context) and the fast step's matrix products alone at
     the first B (`products_ms`). Every round measures all of them, the
     limit included, one after another; each ratio is taken within a round, then the median over
     rounds. On a machine whose memory bandwidth moves with its neighbours' load (seen here: the
@@ -359,10 +360,13 @@ def cmd_decode(args, lm) -> None:
         prefix = "".join(f" {words[i % len(words)]}" for i in range(ctx))
         engines = {path: step_engines(lm, prefix, args.batches, args.steps, path) for path in paths}
         ids = lm.tokenizer(prefix + " Branch 0: the answer is")["input_ids"]
+        kv_bytes = len(ids) * lm.kv_bytes_per_token  # the K/V a B=1 step reads besides the weights
         rounds = []
         for _ in range(args.repeats):
             rates = stream_rate()
-            r = {"limit": 1000 * wbytes / (max(rates.values()) * 1e9), "stream_GBps": max(rates.values())}
+            rate = max(rates.values()) * 1e9
+            r = {"limit": 1000 * wbytes / rate, "limit_kv": 1000 * (wbytes + kv_bytes) / rate,
+                 "stream_GBps": max(rates.values())}
             if "fast" in paths:
                 r[f"products_B{b1}"] = products_ms(lm, b1)
             for path in paths:
@@ -372,12 +376,17 @@ def cmd_decode(args, lm) -> None:
             rounds.append(r)
         med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
         row: dict = {"context": ctx}
-        row.update({f"{k}_ms": round(v, 1) for k, v in med.items() if k not in ("limit", "hf", "stream_GBps")})
+        row.update({f"{k}_ms": round(v, 1) for k, v in med.items()
+                    if k not in ("limit", "limit_kv", "hf", "stream_GBps")})
         row["hf_generate_B1_ms"] = round(med["hf"], 1)
         row["stream_GBps"] = round(med["stream_GBps"], 1)
         row["limit_ms"] = round(med["limit"], 1)
         row["limit_ms_range"] = [round(min(r["limit"] for r in rounds), 1), round(max(r["limit"] for r in rounds), 1)]
-        ratio = {f"{best}_B{b1}/limit": (f"{best}_B{b1}", "limit"), f"{best}_B{b1}/hf": (f"{best}_B{b1}", "hf"),
+        row["kv_bytes_B1"] = kv_bytes
+        row["limit_with_kv_ms"] = round(med["limit_kv"], 1)
+        ratio = {f"{best}_B{b1}/limit": (f"{best}_B{b1}", "limit"),
+                 f"{best}_B{b1}/limit_with_kv": (f"{best}_B{b1}", "limit_kv"),
+                 f"{best}_B{b1}/hf": (f"{best}_B{b1}", "hf"),
                  f"{best}_B{bmax}/B{b1}": (f"{best}_B{bmax}", f"{best}_B{b1}")}
         if "fast" in paths:  # the step's own weight streaming against the limit, and the rest of the step
             ratio.update({f"products_B{b1}/limit": (f"products_B{b1}", "limit"),

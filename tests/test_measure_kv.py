@@ -30,7 +30,9 @@ def test_decode_mode_prints_every_path_batch_and_the_limit_for_each_context():
             assert r[key] > 0, key
         lo, hi = r["limit_ms_range"]
         assert lo <= r["limit_ms"] <= hi
-        assert {"fast_B1/limit", "fast_B1/hf", "fast_B3/B1", "products_B1/limit", "fast_B1/products"} <= set(r)
+        assert r["limit_with_kv_ms"] >= r["limit_ms"] and r["kv_bytes_B1"] > 0
+        assert {"fast_B1/limit", "fast_B1/limit_with_kv", "fast_B1/hf", "fast_B3/B1", "products_B1/limit",
+                "fast_B1/products"} <= set(r)
 
 
 def test_compile_mode_compares_inductor_with_the_eager_step_on_equal_outputs():
