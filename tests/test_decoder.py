@@ -68,8 +68,11 @@ def test_the_tiny_model_qualifies_and_decodes_through_the_fast_step(tiny_lm):
     assert Engine(tiny_lm).forward.decoder is decoder.decoder_for(tiny_lm.model)  # packed once per model
 
 
+@pytest.mark.parametrize("pack", [True, False], ids=["own-runs-packed", "own-runs-in-place"])
 @pytest.mark.parametrize("batch", [1, 3, 6])
-def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(tiny_lm, batch):
+def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(tiny_lm, batch, pack, monkeypatch):
+    if not pack:
+        monkeypatch.setattr(decoder, "PACK_SINGLES_BYTES", 0)
     base, more = words(20), words(9, 5)
     # cached: the shared base, base + more (rows 0..1 read it: a subset), row 0's own prompt (one row)
     prompts = [base + more + f" Row {b}:" + words(b, b) if b < 2 else base + f" Row {b}:" + words(b, b)
@@ -78,10 +81,14 @@ def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(tiny_lm, ba
     assert_same(out)
 
 
-def test_rows_own_runs_of_different_lengths_join_one_softmax(tiny_lm):
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "in-place"])
+def test_rows_own_runs_of_different_lengths_join_one_softmax(tiny_lm, pack, monkeypatch):
     """Each row reads the shared base, then two runs of its own (cached in two calls) whose lengths
-    differ from row to row: the packed block of own runs, padded to the longest row's, gives the
-    layer path's logits; the plan sees exactly those runs."""
+    differ from row to row: their scores, in one block padded to the longest row's, give the layer
+    path's logits, whether the runs are copied side by side into one K/V block for the step or read
+    in place row by row (PACK_SINGLES_BYTES = 0); the plan sees exactly those runs."""
+    if not pack:
+        monkeypatch.setattr(decoder, "PACK_SINGLES_BYTES", 0)
     base = words(16)
     own = [words(2 + 3 * b, b) for b in range(4)]
     more = [words(5 - b, 7 + b) for b in range(4)]
@@ -106,6 +113,12 @@ def test_rows_own_runs_of_different_lengths_join_one_softmax(tiny_lm):
     assert all(len(runs) == 2 for runs in first.singles.values())
     lens = [sum(r[2] for r in first.singles[b]) for b in range(4)]
     assert len(set(lens)) > 1 and first.single_len == max(lens)
+    assert (first.packed is not None) == pack
+    if pack:  # each row's own tokens, then -inf padding up to the longest row's
+        mask = first.packed[2]
+        assert mask.shape == (4, 1, 1, max(lens))
+        assert [int((mask[b] == 0).sum()) for b in range(4)] == lens
+        assert all(bool(torch.isinf(mask[b, ..., lens[b]:]).all()) for b in range(4))
 
 
 def test_the_last_row_left_reads_its_padded_buffer_masked(tiny_lm, monkeypatch):
@@ -230,3 +243,31 @@ def test_softmax_with_its_log_normaliser_equals_softmax_and_logsumexp(rows, widt
     ref = torch.logsumexp(s.double(), dim=-1)
     assert (lse.double() - ref).abs().max().item() <= 1e-6 * max(1.0, ref.abs().max().item())
     assert torch.isfinite(lse).all() and lse.dtype == torch.float32
+
+
+def test_under_a_cache_budget_rows_own_runs_are_read_in_place(tiny_lm, monkeypatch):
+    """The packed block of own runs is a K/V copy the cache budget does not count, so an engine with
+    a budget never makes it (its steps read every run in place); without one it does."""
+    base = words(16)
+    prompts = [base + words(3 + b, b) + f" Row {b}:" for b in range(3)]
+    plans = []
+    init = decoder.Plan.__init__
+
+    def record(self, *a, **kw):
+        init(self, *a, **kw)
+        plans.append(self)
+
+    monkeypatch.setattr(decoder.Plan, "__init__", record)
+    packed = {}
+    for budget in (None, 10**9):
+        eng = Engine(tiny_lm, RKSCConfig(kv_sharing="exact", cache_budget=budget))
+        assert eng.forward.pack_own_runs is (budget is None)
+        eng.generate([base], Sampling(max_new_tokens=2))
+        for p in prompts:
+            eng.generate([p], Sampling(max_new_tokens=2))
+        plans.clear()
+        out = eng.generate(prompts, Sampling(max_new_tokens=4, ignore_eos=True))
+        assert plans and all(p.singles for p in plans)
+        packed[budget] = ([p.packed is not None for p in plans], [g.token_ids for g in out])
+    assert all(packed[None][0]) and not any(packed[10**9][0])
+    assert packed[None][1] == packed[10**9][1]

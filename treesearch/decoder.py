@@ -10,7 +10,8 @@ about 40 small ops per layer (views included) over weights packed once per model
   RMSNorm's weight is folded into the projection after it, and the attention scale into q's rows.
 - RoPE as x cos + roll(x, d/2) sin', sin' = sin with its first half negated (rotate_half in one op).
 - Attention ("math", `_attend_joint`): one softmax over each row's buffer, the cached runs every
-  row reads and the row's own runs, their scores side by side (K/V read in place, never copied).
+  row reads and the row's own runs, their scores side by side (K/V read in place; only the rows'
+  own runs, when short and no cache budget is set, are copied into one block per step).
   Runs that only some rows read (and every run, with `ATTENTION = "flash"`: SDPA's CPU flash kernel,
   slower here for a step's few query rows) are parts with their log-sum-exp l_i, merged at once
   (per row, head and query): out = sum_i e^{l_i - m} o_i / sum_i e^{l_i - m}, m = max_i l_i (the
@@ -39,6 +40,12 @@ PACK_ROWS = 4  # oneDNN's batch-size hint for packing: 4 and 16 stream alike at 
 # which also returns the log-sum-exp): measured per step in examples/measure_kv.py decode; flash was several times
 # slower over a 1,000-token prefix with a decode step's few query rows.
 ATTENTION = "math"
+# The runs each read by one row are copied side by side into one padded K/V block per step (two
+# matrix products per layer for all rows, not two per row and run) when that block takes at most
+# this many bytes: at 16 rows of 4-6 own tokens on the default model (4.4 MB) that saves about 7 ms
+# of a 110 ms step. Longer own runs are read in place, one row at a time, and so are all runs under a
+# cache budget (the copy is K/V memory the budget would not count: `Forward.pack_own_runs`).
+PACK_SINGLES_BYTES = 8 << 20
 
 _DECODERS: "weakref.WeakKeyDictionary[Any, Decoder]" = weakref.WeakKeyDictionary()
 
@@ -133,9 +140,12 @@ class Decoder:
         return self.version != _weights_version(model)
 
     @torch.no_grad()
-    def step(self, toks: list[int], positions: list[int], batch: BatchKV, write_pos: int) -> torch.Tensor:
+    def step(self, toks: list[int], positions: list[int], batch: BatchKV, write_pos: int, *,
+             pack: bool = True) -> torch.Tensor:
         """Each row's last token (at absolute positions given; its K/V goes to buffer position
-        write_pos) -> next-token logits [B, V]."""
+        write_pos) -> next-token logits [B, V]. pack: the rows' own runs may be copied into one
+        block for the step (up to PACK_SINGLES_BYTES); False under a cache budget, which bounds
+        all K/V memory and does not count that copy."""
         bsz, d = len(toks), self.head_dim
         x = F.embedding(torch.tensor(toks), self.embed)  # [B, D]
         pos = torch.tensor(positions)[:, None]  # [B, 1]
@@ -147,7 +157,7 @@ class Decoder:
         valid = batch.valid[:, :t]
         mask = None if bool(valid.all()) else \
             torch.zeros(bsz, 1, 1, t).masked_fill_(~valid[:, None, None, :], float("-inf"))
-        plan = Plan(batch, write_pos, mask)
+        plan = Plan(batch, write_pos, mask, pack_bytes=PACK_SINGLES_BYTES if pack else 0)
         for i, lw in enumerate(self.layers):
             x = self.dense(lw, self._attend(i, lw.qkv(self._norm(x)), cos, sin, plan), x)
         return self.head(self._norm(x))
@@ -206,9 +216,10 @@ class Plan:
     and the cached prefix runs sorted by who reads them. With ATTENTION "math" the runs every row
     reads (`shared`) and the runs of one row (`singles`) join the buffer in one softmax
     (`_attend_joint`); runs read by some rows (`parts`) are merged by log-sum-exp. With "flash"
-    every run is a part."""
+    every run is a part. The singles are copied side by side into one padded block (`packed`)
+    when that takes at most pack_bytes, else read in place row by row."""
 
-    def __init__(self, batch: BatchKV, write_pos: int, mask: torch.Tensor | None) -> None:
+    def __init__(self, batch: BatchKV, write_pos: int, mask: torch.Tensor | None, pack_bytes: int = 0) -> None:
         t = write_pos + 1
         bsz = batch.batch
         self.mask = mask  # [B, 1, 1, t] or None (every buffer position valid)
@@ -217,23 +228,50 @@ class Plan:
         self.k_buf = batch.k[:, :, :, :t].transpose(-1, -2).unbind(0)  # L x [B, Hkv, d, t]
         self.v_buf = batch.v[:, :, :, :t].unbind(0)  # L x [B, Hkv, t, d]
         self.shared: list[tuple] = []  # (L x K^T [Hkv, d, m], L x V [Hkv, m, d])
-        self.singles: dict[int, list[tuple]] = {}  # row -> [(L x K^T, L x V, m)], in context order
+        # row -> [(L x K^T, L x V, m)] in context order; (None, None, m) when packed (below)
+        self.singles: dict[int, list[tuple]] = {}
         self.parts: list[tuple] = []  # (L x K [1, Hkv, m, d], L x V, rows: None, an int or a tensor)
         rids = [torch.arange(bsz)]
+        own: dict[int, list[tuple]] = {}  # row -> [(K [L, Hkv, m, d], V, m)]
         for kv, used, rows in batch.groups:
             k, v = kv[:, 0, :, :used], kv[:, 1, :, :used]  # [L, Hkv, m, d]
             if ATTENTION == "math" and (rows is None or rows.shape[0] == 1):
-                runs = (k.transpose(-1, -2).unbind(0), v.unbind(0))
                 if rows is None:
-                    self.shared.append(runs)
+                    self.shared.append((k.transpose(-1, -2).unbind(0), v.unbind(0)))
                 else:
-                    self.singles.setdefault(int(rows[0]), []).append(runs + (used,))
+                    own.setdefault(int(rows[0]), []).append((k, v, used))
                 continue
             one = rows is not None and rows.shape[0] == 1
             self.parts.append((k.unsqueeze(1).unbind(0), v.unsqueeze(1).unbind(0), int(rows[0]) if one else rows))
             rids.append(torch.arange(bsz) if rows is None else rows)
-        self.single_len = max((sum(r[2] for r in runs) for runs in self.singles.values()), default=0)
+        self.single_len = max((sum(r[2] for r in runs) for runs in own.values()), default=0)
         self.rid = torch.cat(rids)
+        self.packed: tuple | None = None  # (L x K^T [B, Hkv, d, S], L x V [B, Hkv, S, d], mask [B, 1, 1, S])
+        k = batch.k
+        if own and 2 * k.shape[0] * bsz * k.shape[2] * self.single_len * k.shape[4] * k.element_size() \
+                <= pack_bytes:
+            self.packed = _pack(own, bsz, self.single_len, k)
+            self.singles = {row: [(None, None, m) for _, _, m in runs] for row, runs in own.items()}
+        else:
+            self.singles = {row: [(rk.transpose(-1, -2).unbind(0), rv.unbind(0), m) for rk, rv, m in runs]
+                            for row, runs in own.items()}
+
+
+def _pack(own: dict[int, list[tuple]], bsz: int, width: int, like: torch.Tensor) -> tuple:
+    """Each row's own runs side by side in one zero-padded K/V block [L, B, Hkv, width, d], with the
+    mask that hides the padding (-inf; a row with no runs of its own is all padding)."""
+    num_layers, _, hkv, _, d = like.shape
+    k = like.new_zeros(num_layers, bsz, hkv, width, d)
+    v = torch.zeros_like(k)
+    mask = like.new_full((bsz, 1, 1, width), float("-inf"))
+    for row, runs in own.items():
+        off = 0
+        for rk, rv, m in runs:
+            k[:, row, :, off:off + m] = rk
+            v[:, row, :, off:off + m] = rv
+            off += m
+        mask[row, :, :, :off] = 0.0
+    return k.transpose(-1, -2).unbind(0), v.unbind(0), mask
 
 
 def _fold(q: torch.Tensor) -> torch.Tensor:
@@ -278,7 +316,10 @@ def _attend_joint(layer: int, q: torch.Tensor, plan: Plan) -> tuple[torch.Tensor
         scores = scores + plan.mask
     qf = _fold(q) if plan.shared else None  # [1, Hkv, B g, d]
     cols = [scores] + [_unfold(torch.matmul(qf, kt[layer]), bsz) for kt, _ in plan.shared]  # [B, Hkv, g, m]
-    if plan.singles:
+    if plan.packed is not None:  # every row's own runs, side by side: one product for all rows
+        kt, _, mask = plan.packed
+        cols.append(torch.matmul(q, kt[layer]).add_(mask))  # [B, Hkv, g, S]
+    elif plan.singles:
         block = q.new_full(q.shape[:-1] + (plan.single_len,), float("-inf"))  # [B, Hkv, g, S]
         for row, runs in plan.singles.items():
             qr, off = q[row], 0
@@ -294,6 +335,9 @@ def _attend_joint(layer: int, q: torch.Tensor, plan: Plan) -> tuple[torch.Tensor
         m = vs[layer].shape[-2]
         out = out + _unfold(torch.matmul(_fold(p[..., t:t + m]), vs[layer]), bsz)
         t += m
+    if plan.packed is not None:
+        out = out + torch.matmul(p[..., t:], plan.packed[1][layer])
+        return out, lse
     for row, runs in plan.singles.items():
         orow, off = out[row], t
         for _, vs, m in runs:

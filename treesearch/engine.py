@@ -54,7 +54,8 @@ class Engine:
         self.config = config or RKSCConfig()
         self.max_batch = max_batch
         self.stats = Stats()
-        self.forward = Forward(lm, fast_decode=self.config.fast_decode)
+        self.forward = Forward(lm, fast_decode=self.config.fast_decode,
+                               pack_own_runs=self.config.cache_budget is None)
         self.cache = CacheManager(lm.kv_bytes_per_token, self.config, self.stats, self._compute,
                                   share_min_tokens=share_min_tokens)
         self.asks = asks.Gate(self.config.asks_alpha, self.config.asks_tau)

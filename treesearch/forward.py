@@ -56,12 +56,15 @@ class Forward:
     """Runs a `LanguageModel`'s decoder over a batch of rows with shared-prefix attention.
 
     fast_decode: decode steps through `treesearch.decoder` (packed weights, fused kernels) where
-    the model qualifies; otherwise, and for prefill and scoring always, the transformers layers."""
+    the model qualifies; otherwise, and for prefill and scoring always, the transformers layers.
+    pack_own_runs: that step may copy each row's own cached runs into one block per step (False
+    under a cache budget, which bounds all K/V memory)."""
 
-    def __init__(self, lm: LanguageModel, *, fast_decode: bool = True) -> None:
+    def __init__(self, lm: LanguageModel, *, fast_decode: bool = True, pack_own_runs: bool = True) -> None:
         self.lm = lm
         self.eos_ids = eos_token_ids(lm.model, lm.tokenizer)
         self.decoder = decoder_for(lm.model) if fast_decode and qualifies(lm.model) else None
+        self.pack_own_runs = pack_own_runs  # the fast step may copy rows' own runs into one block (no budget)
 
     def prefill(self, prefixes: list[Prefix], news: list[list[int]], starts: list[int], *, extra: int,
                 want_logits: bool, charge: Sequence[Stats], exit_rule: Callable | None = None, exits: Any = None,
@@ -136,7 +139,7 @@ class Forward:
              charge: Sequence[Stats]) -> torch.Tensor:
         """One decode step: each row's last token (absolute positions given) -> next-token logits [B, V]."""
         if self.decoder is not None:
-            logits = self.decoder.step(toks, positions, batch, write_pos)
+            logits = self.decoder.step(toks, positions, batch, write_pos, pack=self.pack_own_runs)
         else:
             dev = self.lm.device
             ids = torch.tensor(toks, dtype=torch.long, device=dev)[:, None]
