@@ -37,14 +37,15 @@ from .attention import BatchKV
 
 PACK_ROWS = 4  # oneDNN's batch-size hint for packing: 4 and 16 stream alike at 1..16 rows, 1 is slower
 # "math" (matmul, softmax with its log-normaliser, matmul) or "flash" (SDPA's CPU flash kernel,
-# which also returns the log-sum-exp): measured per step in examples/measure_kv.py decode; flash was several times
-# slower over a 1,000-token prefix with a decode step's few query rows.
+# which also returns the log-sum-exp): measured per step in examples/measure_kv.py decode; flash
+# was several times slower over a 1,000-token prefix with a decode step's few query rows.
 ATTENTION = "math"
 # The runs each read by one row are copied side by side into one padded K/V block per step (two
 # matrix products per layer for all rows, not two per row and run) when that block takes at most
-# this many bytes: at 16 rows of 4-6 own tokens on the default model (4.4 MB) that saves about 7 ms
-# of a 110 ms step. Longer own runs are read in place, one row at a time, and so are all runs under a
-# cache budget (the copy is K/V memory the budget would not count: `Forward.pack_own_runs`).
+# this many bytes: at 16 rows of 4-6 own tokens on the default model (a 4.4 MB block) the step
+# took 1.10-1.15x less time (README, Performance). Longer own runs are read in place, one row at a
+# time, and so are all runs under a cache budget (the copy is K/V memory the budget would not
+# count: `Forward.pack_own_runs`).
 PACK_SINGLES_BYTES = 8 << 20
 
 _DECODERS: "weakref.WeakKeyDictionary[Any, Decoder]" = weakref.WeakKeyDictionary()
