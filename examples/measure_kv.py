@@ -364,9 +364,8 @@ def cmd_decode(args, lm) -> None:
         rounds = []
         for _ in range(args.repeats):
             rates = stream_rate()
-            rate = max(rates.values()) * 1e9
-            r = {"limit": 1000 * wbytes / rate, "limit_kv": 1000 * (wbytes + kv_bytes) / rate,
-                 "stream_GBps": max(rates.values())}
+            rate = max(rates.values())  # GB/s
+            r = {"limit": wbytes / rate / 1e6, "limit_kv": (wbytes + kv_bytes) / rate / 1e6, "stream_GBps": rate}
             if "fast" in paths:
                 r[f"products_B{b1}"] = products_ms(lm, b1)
             for path in paths:

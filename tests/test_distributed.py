@@ -126,7 +126,6 @@ def test_a_killed_worker_loses_nothing_and_no_input_is_written_twice(cluster, ti
     # all it held at the kill need come back; what the driver did take back from it ran elsewhere, once.
     assert requeued and set(requeued.values()) == {name}
     assert not any(by_index[k]["worker"] == name for k in requeued)
-    assert all(by_index[k]["worker"] != name for k in keys if k in requeued)
     assert summary.inputs == len(INPUTS) and sum(summary.per_worker.values()) == len(INPUTS)
 
 

@@ -248,10 +248,8 @@ class Plan:
         self.single_len = max((sum(r[2] for r in runs) for runs in own.values()), default=0)
         self.rid = torch.cat(rids)
         self.packed: tuple | None = None  # (L x K^T [B, Hkv, d, S], L x V [B, Hkv, S, d], mask [B, 1, 1, S])
-        k = batch.k
-        if own and 2 * k.shape[0] * bsz * k.shape[2] * self.single_len * k.shape[4] * k.element_size() \
-                <= pack_bytes:
-            self.packed = _pack(own, bsz, self.single_len, k)
+        if own and batch.nbytes // batch.k.shape[3] * self.single_len <= pack_bytes:  # the buffer's bytes per position
+            self.packed = _pack(own, bsz, self.single_len, batch.k)
             self.singles = {row: [(None, None, m) for _, _, m in runs] for row, runs in own.items()}
         else:
             self.singles = {row: [(rk.transpose(-1, -2).unbind(0), rv.unbind(0), m) for rk, rv, m in runs]
