@@ -50,9 +50,9 @@ def main(argv=None) -> None:
     ap.add_argument("--target", type=float, default=0.99)
     ap.add_argument("--alphas", type=float, nargs="+", default=[0.0, 1.0, 2.0, 4.0, 8.0])
     args = ap.parse_args(argv)
-    from treesearch.config import RKSCConfig
-    from treesearch.engine import Engine
-    from treesearch.runtime import load_model
+    from treesearch.common.config import RKSCConfig
+    from treesearch.engine.local import Engine
+    from treesearch.models.load import load_model
     from treesearch.tasks.game24 import load_puzzles
 
     lm = load_model()
@@ -76,7 +76,7 @@ def main(argv=None) -> None:
         print(json.dumps({"puzzle": puzzle, "prompts": len(prompts), "pairs": len(ak.asks_log),
                           "agree_if_all_attached": sum(r[1] for r in rows[-len(ak.asks_log):]) if ak.asks_log else 0}),
               flush=True)
-    from treesearch.asks import sigma_from_cosines
+    from treesearch.policies.asks import sigma_from_cosines
 
     best = None
     for alpha in args.alphas:

@@ -41,8 +41,8 @@ def scores_close(a, b, tol: float = 1e-4) -> bool:
 
 
 def solve(lm, puzzle: str, **cfg):
-    from treesearch.config import RKSCConfig
-    from treesearch.searcher import Searcher
+    from treesearch.common.config import RKSCConfig
+    from treesearch.search.searcher import Searcher
     from treesearch.tasks.game24 import Game24
 
     s = Searcher(lm, Game24(), config=RKSCConfig(**cfg), progress=False)
@@ -52,7 +52,7 @@ def solve(lm, puzzle: str, **cfg):
 
 
 def cmd_game24(args, lm) -> None:
-    from treesearch.errors import CacheBudgetError
+    from treesearch.common.errors import CacheBudgetError
     from treesearch.tasks.game24 import load_puzzles
 
     for puzzle in load_puzzles(args.start, args.start + args.puzzles):
@@ -98,8 +98,8 @@ def cmd_batch(args, lm) -> None:
     over `--repeats` rounds that interleave the batch sizes (so machine load hits all alike)."""
     import torch
 
-    from treesearch.config import RKSCConfig, Sampling
-    from treesearch.engine import Engine
+    from treesearch.common.config import RKSCConfig, Sampling
+    from treesearch.engine.local import Engine
 
     words = " alpha beta gamma delta river stone cloud green quiet table".split()
     prefix = "".join(f" {words[i % len(words)]}" for i in range(args.prefix))
@@ -138,8 +138,8 @@ def cmd_alloc(args, lm) -> None:
     in-place attention adds only its score matrices (B x P x heads floats per layer)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from treesearch.config import RKSCConfig, Sampling
-    from treesearch.engine import Engine
+    from treesearch.common.config import RKSCConfig, Sampling
+    from treesearch.engine.local import Engine
 
     words = " alpha beta gamma delta river stone cloud green quiet table".split()
     for plen in args.prefixes:
@@ -273,7 +273,7 @@ def products_ms(lm, bsz: int, reps: int = 5) -> float:
     that is weight streaming, to set beside the step and the limit."""
     import torch
 
-    from treesearch.decoder import decoder_for
+    from treesearch.engine.decoder import decoder_for
 
     dec = decoder_for(lm.model)
     x, gu = torch.randn(bsz, dec.hidden), torch.randn(bsz, dec.layers[0].inter)
@@ -295,8 +295,8 @@ def products_ms(lm, bsz: int, reps: int = 5) -> float:
 def step_engines(lm, prefix: str, batches: list[int], steps: int, path: str) -> dict:
     """One warmed Engine per batch size over a cached prefix (the rows read it in place, and their
     prompts' own tokens are cached too). path: "layers" or "fast"."""
-    from treesearch.config import RKSCConfig, Sampling
-    from treesearch.engine import Engine
+    from treesearch.common.config import RKSCConfig, Sampling
+    from treesearch.engine.local import Engine
 
     engines = {}
     for bsz in batches:
@@ -312,7 +312,7 @@ def step_engines(lm, prefix: str, batches: list[int], steps: int, path: str) -> 
 
 def timed_steps(eng, prompts: list[str], steps: int) -> list[float]:
     """Seconds of each decode step of one generate call in which every row is still running."""
-    from treesearch.config import Sampling
+    from treesearch.common.config import Sampling
 
     times: list[float] = []
     step = eng.forward.step
@@ -345,7 +345,7 @@ def cmd_decode(args, lm) -> None:
     import torch
 
     try:
-        from treesearch.decoder import qualifies
+        from treesearch.engine.decoder import qualifies
     except ImportError:  # a checkout from before the fast path: the layer path only
         def qualifies(model) -> bool:
             return False
@@ -406,7 +406,7 @@ def cmd_compile(args, lm) -> None:
     import torch._inductor.config as inductor
     import torch.nn.functional as F
 
-    from treesearch.decoder import decoder_for
+    from treesearch.engine.decoder import decoder_for
 
     dec = decoder_for(lm.model)
     base = lm.model.model
@@ -485,8 +485,8 @@ def main(argv=None) -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16], help="decode: batch sizes (first and last compared)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args(argv)
-    from treesearch.config import RKSCConfig
-    from treesearch.runtime import load_model
+    from treesearch.common.config import RKSCConfig
+    from treesearch.models.load import load_model
 
     d = RKSCConfig()
     args.alpha = d.asks_alpha if args.alpha is None else args.alpha

@@ -2,7 +2,7 @@
 
 A strategy reads `searcher.tree` (a `treesearch.ThoughtTree`) and `searcher.problem` (for
 `max_depth`, `value_range`) and calls the operations `expand(nodes)`, `evaluate(nodes)`,
-`prune(nodes)`, `mark_solution(node)`: the protocol `treesearch.ops.SearchOps`, which the
+`prune(nodes)`, `mark_solution(node)`: the protocol `treesearch.core.ops.SearchOps`, which the
 `Searcher` implements with a model and `strategies.testing.TableSearcher` without one. It never
 touches the model, the tokenizer or the KV cache. `run` returns the id of the best node (or None).
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from treesearch.ops import SearchOps
-    from treesearch.tree import ThoughtTree
+    from treesearch.core.ops import SearchOps
+    from treesearch.core.tree import ThoughtTree
 
 
 class Strategy(Protocol):

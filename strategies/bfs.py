@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from treesearch.errors import ConfigError
+from treesearch.common.errors import ConfigError
 
 from .base import best_by_score, depth_limit, evaluate_once, expand_once
 
 if TYPE_CHECKING:
-    from treesearch.ops import SearchOps
+    from treesearch.core.ops import SearchOps
 
 
 @dataclass(kw_only=True)

@@ -36,13 +36,13 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from treesearch.errors import ConfigError
+from treesearch.common.errors import ConfigError
 
 from .base import depth_limit, evaluate_once, expand_once
 
 if TYPE_CHECKING:
-    from treesearch.ops import SearchOps
-    from treesearch.tree import ThoughtTree
+    from treesearch.core.ops import SearchOps
+    from treesearch.core.tree import ThoughtTree
 
 
 @dataclass(kw_only=True)

@@ -3,7 +3,7 @@
 - `TableProblem`, a Problem whose whole tree is given as a table: `parse_children` ignores the
   text and returns the children listed for the state, with the listed values, priors and answers,
   so the tree a strategy builds is known exactly;
-- `TableSearcher`, a model-free `treesearch.ops.SearchOps` that runs a strategy over such a
+- `TableSearcher`, a model-free `treesearch.core.ops.SearchOps` that runs a strategy over such a
   problem and records, in `log`, the batches the strategy hands to `expand` and `evaluate`.
 
 So expansion order, beam contents or MCTS statistics can be checked by hand, in milliseconds:
@@ -25,10 +25,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from treesearch.config import Sampling
-from treesearch.errors import ProblemDefinitionError
-from treesearch.problem import Child, Problem, check_children, check_problem, check_prompt, check_value
-from treesearch.tree import ThoughtTree
+from treesearch.common.config import Sampling
+from treesearch.common.errors import ProblemDefinitionError
+from treesearch.core.problem import Child, Problem, check_children, check_problem, check_prompt, check_value
+from treesearch.core.tree import ThoughtTree
 
 from .base import Strategy
 

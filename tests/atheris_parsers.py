@@ -14,7 +14,7 @@ from fractions import Fraction
 import atheris
 
 with atheris.instrument_imports():
-    from treesearch.errors import ParseError
+    from treesearch.common.errors import ParseError
     from treesearch.tasks import arith, choice, game24, gsm8k
 
 

@@ -12,7 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_lm():
     """A 4-layer random Llama with the default model's tokenizer."""
-    from treesearch.runtime import tiny_model
+    from treesearch.models.load import tiny_model
 
     return tiny_model(seed=0)
 
@@ -20,7 +20,7 @@ def tiny_lm():
 @pytest.fixture(scope="session")
 def real_lm():
     """The embedded default model, SmolLM2-135M-Instruct (float32, CPU)."""
-    from treesearch.runtime import load_model
+    from treesearch.models.load import load_model
 
     return load_model()
 

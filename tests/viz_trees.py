@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 
 from treesearch import Child, Problem, Sampling
-from treesearch.tree import ThoughtTree
+from treesearch.core.tree import ThoughtTree
 
 
 def marked_tree() -> ThoughtTree:

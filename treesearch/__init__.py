@@ -3,7 +3,7 @@
 Architecture (arrows point down; see ARCHITECTURE.md in the repository):
     Problem (user) + strategy (strategies/)  ->  Searcher  ->  ThoughtTree (networkx)
     Searcher -> Engine (the only code that runs the model) -> KVStore (segments, prefix index)
-    Engine -> shared-prefix attention (treesearch.attention) inside a transformers causal LM.
+    Engine -> shared-prefix attention (treesearch.cache.attention) inside a transformers causal LM.
 
 Importing this package is cheap: torch and transformers load on first use of a name that needs them.
 """
@@ -16,36 +16,36 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "RKSCConfig": "treesearch.config",
-    "Sampling": "treesearch.config",
-    "Problem": "treesearch.problem",
-    "Child": "treesearch.problem",
-    "ThoughtTree": "treesearch.tree",
-    "Searcher": "treesearch.searcher",
-    "SearchResult": "treesearch.result",
-    "Engine": "treesearch.engine",
-    "Generation": "treesearch.backend",
-    "Score": "treesearch.backend",
-    "Backend": "treesearch.backend",
-    "ServerEngine": "treesearch.server",
-    "LanguageModel": "treesearch.runtime",
-    "load_model": "treesearch.runtime",
-    "tiny_model": "treesearch.runtime",
-    "Stats": "treesearch.stats",
-    "TreeSearchError": "treesearch.errors",
-    "ProblemDefinitionError": "treesearch.errors",
-    "ModelNotInstalledError": "treesearch.errors",
-    "ContextTooLongError": "treesearch.errors",
-    "CacheBudgetError": "treesearch.errors",
-    "ParseError": "treesearch.errors",
-    "ConfigError": "treesearch.errors",
-    "SaveFileError": "treesearch.errors",
-    "ResumeError": "treesearch.errors",
-    "ServerError": "treesearch.errors",
-    "ServerContextError": "treesearch.errors",
-    "DistributedError": "treesearch.errors",
-    "run_distributed": "treesearch.distributed",  # needs Ray (pip install -e '.[ray]') when called
-    "DistributedRun": "treesearch.distributed",
+    "RKSCConfig": "treesearch.common.config",
+    "Sampling": "treesearch.common.config",
+    "Problem": "treesearch.core.problem",
+    "Child": "treesearch.core.problem",
+    "ThoughtTree": "treesearch.core.tree",
+    "Searcher": "treesearch.search.searcher",
+    "SearchResult": "treesearch.search.result",
+    "Engine": "treesearch.engine.local",
+    "Generation": "treesearch.backends.protocol",
+    "Score": "treesearch.backends.protocol",
+    "Backend": "treesearch.backends.protocol",
+    "ServerEngine": "treesearch.backends.server",
+    "LanguageModel": "treesearch.models.load",
+    "load_model": "treesearch.models.load",
+    "tiny_model": "treesearch.models.load",
+    "Stats": "treesearch.common.stats",
+    "TreeSearchError": "treesearch.common.errors",
+    "ProblemDefinitionError": "treesearch.common.errors",
+    "ModelNotInstalledError": "treesearch.common.errors",
+    "ContextTooLongError": "treesearch.common.errors",
+    "CacheBudgetError": "treesearch.common.errors",
+    "ParseError": "treesearch.common.errors",
+    "ConfigError": "treesearch.common.errors",
+    "SaveFileError": "treesearch.common.errors",
+    "ResumeError": "treesearch.common.errors",
+    "ServerError": "treesearch.common.errors",
+    "ServerContextError": "treesearch.common.errors",
+    "DistributedError": "treesearch.common.errors",
+    "run_distributed": "treesearch.runs.distributed",  # needs Ray (pip install -e '.[ray]') when called
+    "DistributedRun": "treesearch.runs.distributed",
 }
 
 __all__ = sorted(_EXPORTS)

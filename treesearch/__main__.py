@@ -1,5 +1,5 @@
 """`python -m treesearch ...` runs the command line (as the `treesearch` script does)."""
 
-from .cli import main
+from treesearch.cli.main import main
 
 raise SystemExit(main())

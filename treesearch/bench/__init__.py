@@ -7,5 +7,5 @@ same inputs and seeds for all),
 `paraphrase` (one question in k wordings before a shared part: where ASKS can share), `asks_gate`
 (the shipped ASKS gate and its fit), `calibrate_asks` (`bench calibrate-asks`), `claims` and
 `claims_run` (`bench claims`: the paper's claims, one table), `commands` (the subcommands).
-Entry point: `treesearch.bench.cli.main(argv) -> int`.
+Entry point: `treesearch.cli.bench.main(argv) -> int`.
 """

@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import time
 
-from ..cgee import Branch, thresholds_for
-from ..config import RKSCConfig, Sampling
-from ..engine import Engine
-from ..runtime import LanguageModel
-from .backends import engine_for
-from ..seeds import stable_seed
-from ..tasks.choice import extract_choice
-from ..tasks.gsm8k import extract_number
-from ..verify import Verifier
-from .modes import cgee_thresholds_note
-from .prompts import BRANCH_STOP, VERIFY_LABELS, branch_prompt, verify_prompt
-from .results import FIXED_LENGTH_NOTE, RunResult, Tick
+from treesearch.policies.cgee import Branch, thresholds_for
+from treesearch.common.config import RKSCConfig, Sampling
+from treesearch.engine.local import Engine
+from treesearch.models.load import LanguageModel
+from treesearch.bench.engines import engine_for
+from treesearch.common.seeds import stable_seed
+from treesearch.tasks.choice import extract_choice
+from treesearch.tasks.gsm8k import extract_number
+from treesearch.search.verifier import Verifier
+from treesearch.bench.modes import cgee_thresholds_note
+from treesearch.bench.prompts import BRANCH_STOP, VERIFY_LABELS, branch_prompt, verify_prompt
+from treesearch.bench.results import FIXED_LENGTH_NOTE, RunResult, Tick
 
 TEMPERATURE = 0.7
 TOP_P = 0.95

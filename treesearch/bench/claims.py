@@ -1,7 +1,7 @@
 """The paper's claims, each against what our bench measured: one row per claim, with a verdict.
 
 Pure: every row is computed from bench documents (`treesearch.bench.report.build`) and the
-shipped CGEE and ASKS calibrations; `treesearch.bench.claims_run` makes the documents.
+shipped CGEE and ASKS calibrations; `treesearch.cli.claims` makes the documents.
 
 Verdicts (TOLERANCE = 0.9):
 - reproduced: our figure reaches the paper's within 10% (speedups, reuse), or, for CGEE, at least

@@ -23,10 +23,10 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from ..config import RKSCConfig, Sampling
-from ..engine import Engine
-from ..eos import eos_token_ids
-from ..runtime import LanguageModel
+from treesearch.common.config import RKSCConfig, Sampling
+from treesearch.engine.local import Engine
+from treesearch.engine.eos import eos_token_ids
+from treesearch.models.load import LanguageModel
 
 CB_SETTINGS = dict(allow_block_sharing=True, num_blocks=256, max_batch_tokens=512, max_requests_per_batch=16,
                    max_memory_percent=0.9)

@@ -6,7 +6,7 @@
 - cgee:  exact + cgee=True (thresholds: the shipped calibration), nothing else: beside exact it
          shows what CGEE alone does to the verification (scoring) time, `verify_s`.
 - asks:  RKSCConfig(kv_sharing="asks") with the model's shipped ASKS calibration
-         (treesearch/calibration/<model>.asks.json, `treesearch.bench.asks_gate`; RKSCConfig's
+         (treesearch/calibration/<model>.asks.json, `treesearch.policies.asks_calibration`; RKSCConfig's
          defaults where there is none): exact sharing plus the hidden-state gate.
 - asks-open: kv_sharing="asks" with the gate open (tau = -1: every pair attaches): the most ASKS
          can reuse, and what that costs in answers.
@@ -14,7 +14,7 @@
          where RKSCConfig's default turns it on) + cgee=True + a cache budget for RSBCM;
          `feature_notes` lists what it switches on.
 - server: an OpenAI-compatible server (`--base-url`), exact sharing by the server's own prefix cache;
-         the same workload through `treesearch.server.ServerEngine` (`treesearch.bench.backends`).
+         the same workload through `treesearch.backends.server.ServerEngine` (`treesearch.bench.engines`).
 - hf-cb: transformers' `generate_batch` continuous batching with block sharing, replaying the
          same generation requests greedily (`treesearch.bench.hfcb`); it cannot score or search.
 """
@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cgee import load_thresholds, thresholds_for
-from ..config import RKSCConfig
+from treesearch.policies.cgee import load_thresholds, thresholds_for
+from treesearch.common.config import RKSCConfig
 
 MODES = ("nokv", "exact", "asks", "asks-open", "cgee", "rksc", "server", "hf-cb")
 ENGINE_MODES = ("nokv", "exact", "asks", "asks-open", "cgee", "rksc", "server")
@@ -73,7 +73,7 @@ def parse_modes(text: str) -> list[str]:
 
 def rksc_config(cache_budget: int | None, model_name: str | None = None) -> RKSCConfig:
     """exact (or asks: the model's shipped gate when it is open, or RKSCConfig's default) + CGEE + a cache budget."""
-    from .asks_gate import load_gate
+    from treesearch.policies.asks_calibration import load_gate
 
     gate = load_gate(model_name) if model_name else None
     if gate is not None and gate.get("gate") == "open":
@@ -95,12 +95,12 @@ def make_mode(name: str, cache_budget: int | None = None, model_name: str | None
     if name == "exact":
         return Mode(name, RKSCConfig(kv_sharing="exact"))
     if name == "asks":
-        from .asks_gate import gate_note
+        from treesearch.policies.asks_calibration import gate_note
 
         alpha, tau, note = gate_note(model_name or "")
         return Mode(name, RKSCConfig(kv_sharing="asks", asks_alpha=alpha, asks_tau=tau), [note])
     if name == "asks-open":
-        from .asks_gate import OPEN
+        from treesearch.policies.asks_calibration import OPEN
 
         return Mode(name, RKSCConfig(kv_sharing="asks", asks_tau=OPEN),
                     [f"ASKS gate open (tau={OPEN:g}): every pair attaches; not a shipped setting"])

@@ -22,14 +22,14 @@ import re
 import time
 from dataclasses import dataclass
 
-from ..config import RKSCConfig, Sampling
-from ..runtime import LanguageModel
-from ..tasks.datasets import load_gsm8k
-from ..tasks.gsm8k import extract_number
-from .backends import engine_for
-from .branch import verifier, verify, weighted_vote
-from .prompts import VERIFY_SUFFIX
-from .results import RunResult, Tick
+from treesearch.common.config import RKSCConfig, Sampling
+from treesearch.models.load import LanguageModel
+from treesearch.tasks.datasets import load_gsm8k
+from treesearch.tasks.gsm8k import extract_number
+from treesearch.bench.engines import engine_for
+from treesearch.bench.branch import verifier, verify, weighted_vote
+from treesearch.bench.prompts import VERIFY_SUFFIX
+from treesearch.bench.results import RunResult, Tick
 
 WORDINGS = 4  # wordings per question (at most 4 orders; 2 when a question has 2 facts)
 MAX_NEW_TOKENS = 32

@@ -9,7 +9,7 @@ tree (GSM8K): plan -> execute -> reflect, each level continuing its parent's tex
 
 from __future__ import annotations
 
-from ..tasks.datasets import ChoiceItem, MathItem
+from treesearch.tasks.datasets import ChoiceItem, MathItem
 
 MATH_PROMPT = """Solve the math word problem. Reason step by step, then finish with "The answer is N."
 Question: A baker makes 12 muffins in each batch. She bakes 3 batches and sells 20 muffins. How many muffins are left?

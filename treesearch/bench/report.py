@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from .runner import BenchRuns
+from treesearch.bench.runner import BenchRuns
 
 FIELDS = ("wall_s", "prefill_tokens", "decode_tokens", "reused_tokens", "unique_tokens", "model_calls",
           "verify_calls", "verify_skipped", "verify_layers_run", "verify_layers_full", "peak_kv_bytes", "accuracy")
@@ -130,7 +130,7 @@ def _side(results: list) -> dict:
 def _replay_entry(runs: BenchRuns) -> dict | None:
     if not runs.replay_engine or not runs.replay_hf:
         return None
-    from .hfcb import token_agreement
+    from treesearch.bench.hfcb import token_agreement
 
     eng, hf = _side(runs.replay_engine), _side(runs.replay_hf)
     return {"max_new_tokens": runs.replay_tokens, "exact": eng, "hf-cb": hf,

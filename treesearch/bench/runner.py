@@ -5,7 +5,7 @@ mode alike). A mode that fails records its error as the reason instead of stoppi
 rksc's cache budget is a fraction of exact's peak KV bytes from the same round (RSBCM must then
 evict to stay under it); without an exact run it stays unbounded and the notes say so.
 hf-cb replays the generation requests recorded by the first engine mode that ran (exact first).
-server runs the workload through the ServerEngine given to `run_all` (`treesearch.bench.backends`).
+server runs the workload through the ServerEngine given to `run_all` (`treesearch.bench.engines`).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import Sampling
-from ..engine import Engine
-from ..runtime import LanguageModel
-from . import hfcb
-from .modes import ENGINE_MODES, Mode, base_name, make_mode
-from .results import RunResult, Tick
-from .workloads import Workload
+from treesearch.common.config import Sampling
+from treesearch.engine.local import Engine
+from treesearch.models.load import LanguageModel
+from treesearch.bench import hfcb
+from treesearch.bench.modes import ENGINE_MODES, Mode, base_name, make_mode
+from treesearch.bench.results import RunResult, Tick
+from treesearch.bench.workloads import Workload
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def warm_up(lm: LanguageModel, mode: Mode) -> None:
         hfcb.warm_up_hf(lm)
         return
     if mode.backend is not None:
-        from .backends import warm_up_server
+        from treesearch.bench.engines import warm_up_server
 
         warm_up_server(mode.backend)
         return
@@ -75,7 +75,7 @@ def run_all(lm: LanguageModel, workload: Workload, names: list[str], *, repeat: 
         if server is None:
             mr.error = "the server mode needs a server: --base-url URL (and --server-model NAME)"
         else:
-            from .backends import server_notes
+            from treesearch.bench.engines import server_notes
 
             mr.mode.backend = server
             mr.mode.notes += server_notes(server)
@@ -112,7 +112,7 @@ def run_all(lm: LanguageModel, workload: Workload, names: list[str], *, repeat: 
 
 def _run_mode(lm: LanguageModel, workload: Workload, mode: Mode, tick: Tick, retries: int = 4) -> RunResult:
     """One run; a budget too small for one batch is raised 1.5x and the run repeated (noted)."""
-    from ..errors import CacheBudgetError
+    from treesearch.common.errors import CacheBudgetError
 
     for attempt in range(retries + 1):
         try:
@@ -128,7 +128,7 @@ def _run_mode(lm: LanguageModel, workload: Workload, mode: Mode, tick: Tick, ret
 def _set_budget(mode: Mode, exact: tuple[int, int] | None, fraction: float) -> None:
     """rksc's budget: the fraction of exact's peak K/V, raised to the least budget exact's calls
     needed (below it a call cannot run at all)."""
-    from .modes import feature_notes
+    from treesearch.bench.modes import feature_notes
 
     peak, least = exact or (0, 0)
     budget = max(1, int(peak * fraction), least) if peak and fraction > 0 else None

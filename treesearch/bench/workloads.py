@@ -4,7 +4,7 @@
 - branch: B sampled reasoning branches per question, each verified, score-weighted vote
   (`treesearch.bench.branch`).
 - tree:   plan / execute / reflect, 3 branches per level, 27 leaves, majority vote on GSM8K
-  (`treesearch.bench.tree`).
+  (`treesearch.bench.fixed_tree`).
 - paraphrase: each GSM8K question in k wordings (its facts reordered) before one long shared part,
   answered greedily and verified (`treesearch.bench.paraphrase`): where ASKS can share.
 Each run records a `RunResult` (`treesearch.bench.results`).
@@ -17,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import RKSCConfig
-from ..runtime import LanguageModel
-from .branch import run_branch
-from .modes import cgee_thresholds_note
-from .results import RunResult, Tick
-from .tree import run_tree
+from treesearch.common.config import RKSCConfig
+from treesearch.models.load import LanguageModel
+from treesearch.bench.branch import run_branch
+from treesearch.bench.modes import cgee_thresholds_note
+from treesearch.bench.results import RunResult, Tick
+from treesearch.bench.fixed_tree import run_tree
 
 
 @dataclass
@@ -49,8 +49,8 @@ def run_game24(lm: LanguageModel, config: RKSCConfig, puzzles: list[str], tick: 
     concurrency > 1: the puzzles run `concurrency` at a time (`Searcher.solve_many`), timed as a whole."""
     from strategies import BFS
 
-    from ..searcher import Searcher
-    from ..tasks.game24 import Game24
+    from treesearch.search.searcher import Searcher
+    from treesearch.tasks.game24 import Game24
 
     out = RunResult()
     if config.cgee:
@@ -64,7 +64,7 @@ def run_game24(lm: LanguageModel, config: RKSCConfig, puzzles: list[str], tick: 
         (searcher.solve(p) for p in puzzles)
     for puzzle, result in zip(puzzles, results):
         if result.status != "complete":  # a concurrent search that raised: raise it here, as solve would
-            from ..errors import CacheBudgetError
+            from treesearch.common.errors import CacheBudgetError
 
             kind = CacheBudgetError if (result.error or "").startswith("CacheBudgetError") else RuntimeError
             raise kind(f"puzzle {puzzle!r}: the search {result.status}: {result.error}")
@@ -98,10 +98,10 @@ def make_workload(name: str, task: str | None, start: int, end: int, *, branches
     """The workload named on the command line, over input rows [start, end); max_new_tokens
     overrides the workload's generation lengths (None = the workload's own); ignore_eos makes every
     generation run its full length (branch and tree only: game24's search needs parsable text)."""
-    from ..tasks import datasets
+    from treesearch.tasks import datasets
 
     if name == "game24":
-        from ..tasks.game24 import load_puzzles
+        from treesearch.tasks.game24 import load_puzzles
 
         if ignore_eos:
             raise SystemExit("game24 cannot run at fixed lengths (its search parses the model's text); "
@@ -124,7 +124,7 @@ def make_workload(name: str, task: str | None, start: int, end: int, *, branches
         return Workload("tree", "gsm8k", datasets.load_gsm8k(start, end), run_tree,
                         {"seed": seed, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos})
     if name == "paraphrase":
-        from .paraphrase import load_items, run_paraphrase
+        from treesearch.bench.paraphrase import load_items, run_paraphrase
 
         if task not in (None, "gsm8k"):
             raise SystemExit(f"the paraphrase workload runs on gsm8k only, not {task!r}")

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..errors import ParseError
+from treesearch.common.errors import ParseError
 
 MAX_LEN = 200  # longer texts are refused before parsing (bounded work on hostile input)
 MAX_DEPTH = 32

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 
-from .gsm8k import extract_number
+from treesearch.tasks.gsm8k import extract_number
 
 LETTERS = "ABCDE"
 

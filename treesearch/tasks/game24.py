@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from importlib import resources
 
-from ..config import Sampling
-from ..errors import ParseError
-from ..problem import Child, Problem
-from .arith import evaluate, fmt, parse_number
+from treesearch.common.config import Sampling
+from treesearch.common.errors import ParseError
+from treesearch.core.problem import Child, Problem
+from treesearch.tasks.arith import evaluate, fmt, parse_number
 
 PROPOSE_PROMPT = """Combine two of the numbers with +, -, * or / to get a new number. List possible moves, one per line, as "a op b = c (left: remaining numbers)".
 Numbers: 3 5 7 9

@@ -16,9 +16,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import Sampling
-from ..errors import ParseError
-from ..problem import Child, Problem
+from treesearch.common.config import Sampling
+from treesearch.common.errors import ParseError
+from treesearch.core.problem import Child, Problem
 
 PROMPT = """Solve the math word problem step by step. Write one step per line and finish with "The answer is N."
 Question: A baker makes 12 muffins in each batch. She bakes 3 batches and sells 20 muffins. How many muffins are left?

@@ -12,17 +12,17 @@ matplotlib is imported only by `plot_tree`.
 
 from __future__ import annotations
 
-from .export import graphml_graph, node_link_data, write_graphml, write_node_link
-from .kvmap import KVMap, kv_map
-from .layout import DEFAULT_MAX_NODES, Layout, keep_set, layout
-from .marks import NodeMarks, node_marks, plain_kv, structure
-from .page import page_html, tree_html, write_html
-from .svg import legend_svg, render_svg, tree_view
+from treesearch.viz.export import graphml_graph, node_link_data, write_graphml, write_node_link
+from treesearch.viz.kvmap import KVMap, kv_map
+from treesearch.viz.layout import DEFAULT_MAX_NODES, Layout, keep_set, layout
+from treesearch.viz.marks import NodeMarks, node_marks, plain_kv, structure
+from treesearch.viz.page import page_html, tree_html, write_html
+from treesearch.viz.svg import legend_svg, render_svg, tree_view
 
 
 def plot_tree(tree, ax=None, **kwargs):
     """Draw the tree with matplotlib (see `treesearch.viz.plot.plot_tree`)."""
-    from .plot import plot_tree as _plot
+    from treesearch.viz.plot import plot_tree as _plot
 
     return _plot(tree, ax, **kwargs)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import networkx as nx
 
-from .marks import plain_kv
+from treesearch.viz.marks import plain_kv
 
 
 def node_link_data(tree: Any, state_to_json=None) -> dict:

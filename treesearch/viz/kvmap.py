@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from .marks import kv_chain, kv_evicted
+from treesearch.viz.marks import kv_chain, kv_evicted
 
 
 @dataclass

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .marks import NodeMarks, Structure
+from treesearch.viz.marks import NodeMarks, Structure
 
 DEFAULT_MAX_NODES = 150
 

@@ -8,8 +8,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from .layout import DEFAULT_MAX_NODES
-from .svg import legend_svg, render_svg
+from treesearch.viz.layout import DEFAULT_MAX_NODES
+from treesearch.viz.svg import legend_svg, render_svg
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 

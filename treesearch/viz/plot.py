@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layout import DEFAULT_MAX_NODES
-from .marks import VIRIDIS, score_scale, short_score
-from .svg import GOLD, PURPLE, border, tree_view
+from treesearch.viz.layout import DEFAULT_MAX_NODES
+from treesearch.viz.marks import VIRIDIS, score_scale, short_score
+from treesearch.viz.svg import GOLD, PURPLE, border, tree_view
 
 
 def plot_tree(tree: Any, ax: Any = None, *, max_nodes: int | None = DEFAULT_MAX_NODES, label_nodes: int = 40,

@@ -19,8 +19,8 @@ import itertools
 from html import escape
 from typing import Any
 
-from .layout import DEFAULT_MAX_NODES, Layout, keep_set, layout
-from .marks import VIRIDIS, NodeMarks, Structure, cgee_badge, node_marks, score_scale, short_score, structure
+from treesearch.viz.layout import DEFAULT_MAX_NODES, Layout, keep_set, layout
+from treesearch.viz.marks import VIRIDIS, NodeMarks, Structure, cgee_badge, node_marks, score_scale, short_score, structure
 
 SLOT = 54  # px per column
 ROW = 74  # px per row

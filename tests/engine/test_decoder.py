@@ -1,0 +1,273 @@
+"""The fast decode step (`treesearch.engine.decoder`) computes what the transformers layers compute: every
+decode step's logits equal the layer path's within 1e-4 (fp32; the two differ only in the order of
+floating-point sums: fused and oneDNN-packed matrix products, flash attention), and greedy tokens
+are identical. Over prefix groups of every kind (shared by all rows, by a subset, by one row), on
+the tiny model (which qualifies, so every other tiny-model test runs the new step too) and the
+default model. On the default model each float32 path is also checked against a float64 run of the
+layer path (the truth both round away from): the fast step within 1e-4 of it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from treesearch.engine import decoder
+from treesearch.common.config import RKSCConfig, Sampling
+from treesearch.engine.local import Engine
+from treesearch.models.load import tiny_model
+
+WORDS = " the cat sat on a mat and then it ran to big red house with one old dog".split()
+TOL = 1e-4  # a float32 path against the float64 truth, and the two float32 paths on the tiny model
+# The two float32 paths on the default model: each rounds away from the float64 run by up to about
+# 7e-5 in a logit of size 16 (measured: layers 5.3e-5, fast 6.9e-5), so they may differ by the sum.
+TOL_PAIR = 2e-4
+
+
+def words(n: int, start: int = 0) -> str:
+    return "".join(f" {WORDS[(start + i) % len(WORDS)]}" for i in range(n))
+
+
+def decode_both(lm, prompts: list[str], cached: list[str], sampling: Sampling, paths=(False, True)):
+    """Generate prompts after caching `cached` texts, on the layer path and the fast path: per path
+    (generations, each decode step's logits). paths: which (fast_decode False, True) to run."""
+    out = {}
+    for fast in paths:
+        eng = Engine(lm, RKSCConfig(kv_sharing="exact", fast_decode=fast))
+        assert (eng.forward.decoder is not None) == fast
+        for text in cached:
+            eng.generate([text], Sampling(max_new_tokens=2))
+        steps: list[torch.Tensor] = []
+        step = eng.forward.step
+
+        def record(*a, _step=step, **kw):
+            logits = _step(*a, **kw)
+            steps.append(logits.clone())
+            return logits
+
+        eng.forward.step = record
+        out[fast] = (eng.generate(prompts, sampling), steps)
+        eng.store.check_invariants()
+    return out
+
+
+def assert_same(out, tol: float = TOL) -> None:
+    (g_layers, s_layers), (g_fast, s_fast) = out[False], out[True]
+    assert [g.token_ids for g in g_fast] == [g.token_ids for g in g_layers]
+    assert len(s_fast) == len(s_layers) > 0
+    for a, b in zip(s_layers, s_fast):
+        assert a.shape == b.shape
+        assert (a.double() - b.double()).abs().max().item() <= tol
+    for a, b in zip(g_layers, g_fast):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= tol
+
+
+def test_the_tiny_model_qualifies_and_decodes_through_the_fast_step(tiny_lm):
+    assert decoder.qualifies(tiny_lm.model)
+    assert Engine(tiny_lm).forward.decoder is decoder.decoder_for(tiny_lm.model)  # packed once per model
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["own-runs-packed", "own-runs-in-place"])
+@pytest.mark.parametrize("batch", [1, 3, 6])
+def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(tiny_lm, batch, pack, monkeypatch):
+    if not pack:
+        monkeypatch.setattr(decoder, "PACK_SINGLES_BYTES", 0)
+    base, more = words(20), words(9, 5)
+    # cached: the shared base, base + more (rows 0..1 read it: a subset), row 0's own prompt (one row)
+    prompts = [base + more + f" Row {b}:" + words(b, b) if b < 2 else base + f" Row {b}:" + words(b, b)
+               for b in range(batch)]
+    out = decode_both(tiny_lm, prompts, [base, base + more, prompts[0]], Sampling(max_new_tokens=10, ignore_eos=True))
+    assert_same(out)
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "in-place"])
+def test_rows_own_runs_of_different_lengths_join_one_softmax(tiny_lm, pack, monkeypatch):
+    """Each row reads the shared base, then two runs of its own (cached in two calls) whose lengths
+    differ from row to row: their scores, in one block padded to the longest row's, give the layer
+    path's logits, whether the runs are copied side by side into one K/V block for the step or read
+    in place row by row (PACK_SINGLES_BYTES = 0); the plan sees exactly those runs."""
+    if not pack:
+        monkeypatch.setattr(decoder, "PACK_SINGLES_BYTES", 0)
+    base = words(16)
+    own = [words(2 + 3 * b, b) for b in range(4)]
+    more = [words(5 - b, 7 + b) for b in range(4)]
+    prompts = [base + own[b] + more[b] + f" Row {b}:" for b in range(4)]
+    cached = [base] + [base + o for o in own] + [base + o + m for o, m in zip(own, more)]
+    plans = []
+    init = decoder.Plan.__init__
+
+    def record(self, *a, **kw):
+        init(self, *a, **kw)
+        plans.append(self)
+
+    decoder.Plan.__init__ = record
+    try:
+        out = decode_both(tiny_lm, prompts, cached, Sampling(max_new_tokens=6, ignore_eos=True))
+    finally:
+        decoder.Plan.__init__ = init
+    assert_same(out)
+    first = plans[-1]  # the last step of the prompts (every row still running)
+    assert len(first.shared) == 1 and not first.parts
+    assert sorted(first.singles) == [0, 1, 2, 3]
+    assert all(len(runs) == 2 for runs in first.singles.values())
+    lens = [sum(r[2] for r in first.singles[b]) for b in range(4)]
+    assert len(set(lens)) > 1 and first.single_len == max(lens)
+    assert (first.packed is not None) == pack
+    if pack:  # each row's own tokens, then -inf padding up to the longest row's
+        mask = first.packed[2]
+        assert mask.shape == (4, 1, 1, max(lens))
+        assert [int((mask[b] == 0).sum()) for b in range(4)] == lens
+        assert all(bool(torch.isinf(mask[b, ..., lens[b]:]).all()) for b in range(4))
+
+
+def test_the_last_row_left_reads_its_padded_buffer_masked(tiny_lm, monkeypatch):
+    """Rows padded to the longest prompt, then every row but the shortest one stops (a stop rule
+    on both paths): the single row left decodes over a buffer with padding in it, as the layer
+    path does."""
+    from treesearch.engine.forward import Forward
+
+    done = Forward.finished
+
+    def finished(self, gen, sampling):
+        return "stop" if len(gen) == 2 and self.stop_next.pop(0) else done(self, gen, sampling)
+
+    monkeypatch.setattr(Forward, "finished", finished)
+    prompts = [words(14), words(9, 3), words(3, 6)]  # the last, shortest, is left alone
+    out = {}
+    for fast in (False, True):
+        eng = Engine(tiny_lm, RKSCConfig(kv_sharing="off", fast_decode=fast))
+        eng.forward.stop_next = [True, True, False]  # checked in row order at the second token
+        steps: list[torch.Tensor] = []
+        step = eng.forward.step
+
+        def record(batch, toks, *a, _step=step, **kw):
+            logits = _step(batch, toks, *a, **kw)
+            steps.append(logits.clone())
+            return logits
+
+        eng.forward.step = record
+        out[fast] = (eng.generate(prompts, Sampling(max_new_tokens=8, ignore_eos=True)), steps)
+    assert [len(g.token_ids) for g in out[True][0]] == [2, 2, 8]
+    assert [s.shape[0] for s in out[True][1]] == [3] + [1] * 6
+    assert_same(out)
+
+
+def test_fast_step_equals_layer_path_without_sharing(tiny_lm):
+    prompts = ["short", "a somewhat longer prompt with more words in it", "x " * 30]
+    out = {}
+    for fast in (False, True):
+        eng = Engine(tiny_lm, RKSCConfig(kv_sharing="off", fast_decode=fast))
+        out[fast] = eng.generate(prompts, Sampling(max_new_tokens=8))
+    assert [g.token_ids for g in out[True]] == [g.token_ids for g in out[False]]
+
+
+def test_a_weight_changed_in_place_is_repacked():
+    lm = tiny_model(seed=1, num_layers=2)
+    first = decoder.decoder_for(lm.model)
+    assert decoder.decoder_for(lm.model) is first
+    earlier = Engine(lm)  # its Forward holds the first packing
+    with torch.no_grad():
+        lm.model.model.layers[0].mlp.down_proj.weight.mul_(0.5)
+    assert first.stale(lm.model)
+    second = decoder.decoder_for(lm.model)
+    assert second is not first
+    prompts = [words(12) + " Row:"]
+    sampling = Sampling(max_new_tokens=6, ignore_eos=True)
+    layers = Engine(lm, RKSCConfig(fast_decode=False)).generate(prompts, sampling)
+    assert earlier.generate(prompts, sampling)[0].token_ids == layers[0].token_ids
+    assert earlier.forward.decoder is second
+
+
+def test_a_model_that_does_not_qualify_takes_the_layer_path():
+    lm = tiny_model(seed=0, num_layers=2, dtype="bfloat16")
+    assert not decoder.qualifies(lm.model)
+    assert Engine(lm).forward.decoder is None
+    with pytest.raises(ValueError, match="decode through Forward.layers"):
+        decoder.Decoder(lm.model)
+    g = Engine(lm).generate([words(8)], Sampling(max_new_tokens=3))[0]
+    assert len(g.token_ids) >= 1
+
+
+@pytest.mark.real_model
+def test_real_model_fast_step_equals_layer_path(real_lm):
+    from treesearch.tasks import Game24
+
+    g = Game24()
+    states = [g.initial_state(p) for p in ("4 5 6 10", "1 1 4 6", "2 3 5 12")]
+    prompts = [g.expand_prompt(s) for s in states]
+    out = decode_both(real_lm, prompts, [prompts[0]], Sampling(max_new_tokens=16))
+    assert_same(out, TOL_PAIR)
+    # the float64 truth: the same model in float64 decodes through the layers (the fast step is float32 only)
+    from treesearch.models.load import load_model
+
+    lm64 = load_model(dtype=torch.float64)
+    assert decoder.qualifies(real_lm.model) and not decoder.qualifies(lm64.model)
+    truth = decode_both(lm64, prompts, [prompts[0]], Sampling(max_new_tokens=16), paths=(False,))[False]
+    assert_same({False: truth, True: out[True]})
+
+
+@pytest.mark.parametrize("attention", ["math", "flash"])
+def test_without_onednn_and_with_either_attention_the_step_is_the_same(tiny_lm, monkeypatch, attention):
+    """The plain fallbacks: fused weights through F.linear / addmm when torch lacks oneDNN, and
+    SDPA's flash kernel for the attention parts."""
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    monkeypatch.setattr(decoder, "ATTENTION", attention)
+    plain = decoder.Decoder(tiny_lm.model)
+    assert not plain.head.mkldnn
+    base = words(20)
+    prompts = [base + f" Row {b}:" + words(b, b) for b in range(3)]
+    out = {}
+    for fast in (False, True):
+        eng = Engine(tiny_lm, RKSCConfig(kv_sharing="exact", fast_decode=fast))
+        eng.generate([base], Sampling(max_new_tokens=2))
+        if fast:
+            eng.forward.decoder = plain
+        out[fast] = eng.generate(prompts, Sampling(max_new_tokens=8, ignore_eos=True))
+    assert [g.token_ids for g in out[True]] == [g.token_ids for g in out[False]]
+    for a, b in zip(out[False], out[True]):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= TOL
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 4), width=st.integers(1, 300), pad=st.integers(0, 40), scale=st.floats(0.1, 60.0),
+       seed=st.integers(0, 2**16))
+def test_softmax_with_its_log_normaliser_equals_softmax_and_logsumexp(rows, width, pad, scale, seed):
+    """The attention's softmax and log-sum-exp, from one fused softmax, over scores of any spread
+    with -inf padding (the packed per-row runs): within float32 rounding of torch's own."""
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.randn(rows, 3, 2, width, generator=gen) * scale
+    s = torch.cat([s, torch.full((rows, 3, 2, pad), float("-inf"))], dim=-1)
+    p, lse = decoder._softmax_lse(s)
+    assert torch.equal(p, torch.softmax(s, dim=-1))
+    ref = torch.logsumexp(s.double(), dim=-1)
+    assert (lse.double() - ref).abs().max().item() <= 1e-6 * max(1.0, ref.abs().max().item())
+    assert torch.isfinite(lse).all() and lse.dtype == torch.float32
+
+
+def test_under_a_cache_budget_rows_own_runs_are_read_in_place(tiny_lm, monkeypatch):
+    """The packed block of own runs is a K/V copy the cache budget does not count, so an engine with
+    a budget never makes it (its steps read every run in place); without one it does."""
+    base = words(16)
+    prompts = [base + words(3 + b, b) + f" Row {b}:" for b in range(3)]
+    plans = []
+    init = decoder.Plan.__init__
+
+    def record(self, *a, **kw):
+        init(self, *a, **kw)
+        plans.append(self)
+
+    monkeypatch.setattr(decoder.Plan, "__init__", record)
+    packed = {}
+    for budget in (None, 10**9):
+        eng = Engine(tiny_lm, RKSCConfig(kv_sharing="exact", cache_budget=budget))
+        assert eng.forward.pack_own_runs is (budget is None)
+        eng.generate([base], Sampling(max_new_tokens=2))
+        for p in prompts:
+            eng.generate([p], Sampling(max_new_tokens=2))
+        plans.clear()
+        out = eng.generate(prompts, Sampling(max_new_tokens=4, ignore_eos=True))
+        assert plans and all(p.singles for p in plans)
+        packed[budget] = ([p.packed is not None for p in plans], [g.token_ids for g in out])
+    assert all(packed[None][0]) and not any(packed[10**9][0])
+    assert packed[None][1] == packed[10**9][1]

@@ -1,0 +1,397 @@
+"""The cache manager: what K/V is resident in the store, and why.
+
+It alone reads the store's budget and segments. For each engine call it plans the rows: each
+row's longest cached prefix (`lookup`); how many rows run at once under a budget (`plan`); runs
+of new tokens that several rows share, computed once before the batch (`share_runs`); and the
+residency of every chain the batch attends over (`hold`), recomputing evicted segments from their
+nearest resident ancestor. After the call's forwards it stores the K/V they computed (`store_kv`).
+It keeps owners and pins (thought-tree nodes holding contexts; root prompts pinned) and counts,
+per search, the prompt contexts that ran through each segment, so that when a search ends the
+cache keeps what its prompts and the live searches' prompts use (few-shot templates) and forgets
+the rest (`end_search`).
+
+Budget rules (see `treesearch.cache.kvstore` and `treesearch.policies.rsbcm`): the budget bounds all K/V, the
+running batch's own buffer included (`reserve`: a batch is counted before it is allocated). A call
+first checks that the budget can hold what must stay cached (pinned root prompts) plus any one
+row's context and buffer (else `CacheBudgetError` naming the minimum, before any forward); `plan`
+then splits the rows into batches that fit, and a batch that still finds too little room when it
+reserves its buffer is split again (a row waits for room, which finished batches and eviction
+make). The K/V a call computes in passing (new prompt tokens, generated tokens) is optional: it is
+kept, whole or its first blocks, only in room that displaces nothing owned; what does not fit is
+kept as tokens, recomputed if ever needed (`stats.recomputed_tokens`). Results never depend on
+the budget.
+
+Model work goes through the `compute` function the engine gives (chains, new tokens, starts ->
+each row's new K/V); this module runs no model itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from treesearch.cache.attention import BatchKV, Prefix
+from treesearch.common.config import RKSCConfig
+from treesearch.common.errors import CacheBudgetError
+from treesearch.cache.kvstore import Chain, KVStore, Segment
+from treesearch.policies.rsbcm import Priority, RSBCMPolicy
+from treesearch.common.stats import Stats, distinct
+
+Handle = tuple[Segment, int]  # a context end in the KV store: (segment, used tokens)
+Compute = Callable[[list[Chain], list[list[int]], list[int], list[Stats]], list[Any]]  # -> K/V per row
+
+
+@dataclass
+class Row:
+    """One prompt of an engine call, as the cache plans it."""
+
+    ids: list[int]
+    chain: Chain = field(default_factory=list)  # cached (segment, used) pairs it attends over
+    matched: int = 0  # tokens served from the cache (the chain's length)
+    asks_ref: int | None = None  # row (in this batch) whose K/V this row attached to
+    asks_sigma: float | None = None
+    prepass: int = 0  # of `matched`, tokens computed earlier in this call (a shared run, ASKS's pre-pass): not reused
+    bare: bool = False  # attend over no cached prefix: compute the whole prompt (a budget too small for both)
+    cut: int = 0  # cached tokens a bare row computes again (counted as recomputed)
+    must_store: bool = False  # its prompt's K/V must be cached (a pinned owner's, e.g. the root's)
+    stats: Stats | None = None  # where the work done for this row is counted (its search's)
+    search: Hashable = None  # the search it belongs to (its prompt counts are kept per search)
+
+
+def bare_copy(r: Row) -> Row:
+    """The row computed without its cached prefix (what a budget too small for both runs)."""
+    return Row(ids=r.ids, bare=True, cut=r.matched, must_store=r.must_store, stats=r.stats, search=r.search)
+
+
+def _ceil(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+class CacheManager:
+    """Owns the KV store of one engine: planning, residency, owners, pins and the budget."""
+
+    def __init__(self, bytes_per_token: int, config: RKSCConfig, stats: Stats, compute: Compute,
+                 *, share_min_tokens: int = 8) -> None:
+        self.config = config
+        self.stats = stats
+        self.compute = compute
+        self.share_min_tokens = share_min_tokens
+        self.policy = RSBCMPolicy()
+        self.store = KVStore(bytes_per_token, config.block_size, budget=config.cache_budget, policy=self.policy)
+        self._call_pins: list[Chain] = []  # chains pinned for the running engine call
+        self._prompt_pins: set = set()  # owners whose prompts are pinned (pin_owner)
+        self._prompt_hits: dict[int, set] = {}  # segment id -> searches whose prompt contexts ran through it
+        self._evicted_seen = 0  # store.evicted_blocks already counted in some Stats
+
+    # -- owners and priority (RSBCM) ----------------------------------------------------------------
+    def set_priority(self, fn: Priority | None) -> None:
+        """Install owner -> omega (see `treesearch.policies.rsbcm`)."""
+        self.policy.priority = fn
+
+    def acquire(self, owner: Hashable, handle: Handle | None) -> None:
+        """`owner` holds the K/V of the context ending at `handle` (no-op for None)."""
+        if handle is not None:
+            self.store.acquire(owner, handle)
+
+    def release(self, owner: Hashable) -> None:
+        """`owner` lets go of every context it holds; blocks no one holds become free (evicted first)."""
+        self.store.release(owner)
+        if owner in self._prompt_pins:
+            self._prompt_pins.discard(owner)
+            self.store.release(("prompt", owner))
+
+    def pin_owner(self, owner: Hashable) -> None:
+        """Never evict the prompts of this owner's calls until `release(owner)`."""
+        self._prompt_pins.add(owner)
+        self.store.pin_owner(("prompt", owner))
+
+    def prompt_pinned(self, owner: Hashable | None) -> bool:
+        return owner is not None and owner in self._prompt_pins
+
+    def new_search(self, last: Hashable = None) -> None:
+        """Between searches run one after another: release every owner, keep only the K/V that
+        the last search's prompt contexts ran through, and start the counters afresh."""
+        for owner in self.store.owners():
+            self.store.release(owner)
+        self._prompt_pins.clear()
+        self.end_search(last, live=set())
+        self.store.reset_counters()
+        self._evicted_seen = 0
+
+    def end_search(self, key: Hashable, live: set) -> None:
+        """Search `key` has ended and released its owners: forget the segments that no owner
+        holds and that no prompt of it or of a `live` search ran through. So the cache holds the
+        live searches' contexts plus the prompts (templates) of the search that ended last."""
+        keep = set(live) | {key}
+        hits = self._prompt_hits
+        self.store.forget_unused(lambda seg: bool(hits.get(seg.id, set()) & keep))
+        self._prompt_hits = {i: k & keep for i, k in hits.items() if i in self.store.segments and k & keep}
+
+    def count_prompt(self, end: Handle, search: Hashable = None) -> None:
+        """One more prompt context of `search` ran through the segments ending at `end`."""
+        seg, used = end
+        for s, _ in seg.context_chain(used):
+            self._prompt_hits.setdefault(s.id, set()).add(search)
+
+    def pin_prompts(self, ends: list[Handle | None], owners: list[Any] | None) -> None:
+        """The prompt-pinned owners among `owners` hold their prompts' contexts."""
+        for end, owner in zip(ends, owners or []):
+            if end is not None and owner in self._prompt_pins:
+                self.store.acquire(("prompt", owner), end)
+
+    def tag_owners(self, handles: list[Handle | None], owners: list[Any] | None) -> None:
+        for handle, owner in zip(handles, owners or []):
+            if handle is not None and owner is not None:
+                self.store.acquire(owner, handle)
+
+    # -- pins of the running call ---------------------------------------------------------------------
+    def pin(self, chain: Chain) -> None:
+        self.store.pin(chain)
+        self._call_pins.append(chain)
+
+    def end_call(self, charge: Stats | None = None) -> None:
+        """Unpin everything the call pinned; the blocks it evicted are counted in charge."""
+        for chain in self._call_pins:
+            self.store.unpin(chain)
+        self._call_pins = []
+        (charge or self.stats).evicted_blocks += self.store.evicted_blocks - self._evicted_seen
+        self._evicted_seen = self.store.evicted_blocks
+
+    @staticmethod
+    def prefix(chain: Chain) -> Prefix:
+        """The K/V tensors a row attends over (its chain must be resident)."""
+        return [(seg.kv, used) for seg, used in chain]
+
+    def reserve(self, nbytes: int) -> None:
+        """Count a running batch's own K/V buffer against the budget (evicting to make room)."""
+        self.store.reserve(nbytes)
+
+    def unreserve(self, nbytes: int) -> None:
+        self.store.unreserve(nbytes)
+
+    def report_peak(self, charge: Sequence[Stats]) -> None:
+        """Each search's peaks: all K/V at once (cache + batch buffers) and the cache alone."""
+        for st in distinct(charge):
+            st.peak_kv_bytes = max(st.peak_kv_bytes, self.store.peak_bytes)
+            st.peak_store_bytes = max(st.peak_store_bytes, self.store.peak_held)
+
+    def fits_free(self, token_runs: list[int]) -> bool:
+        """Whether new runs of these token counts fit in room that displaces nothing owned."""
+        need = sum(_ceil(n, self.store.block_size) for n in token_runs) * self.store.block_bytes
+        return self.store.can_hold(need, free_only=True)
+
+    # -- planning a call ------------------------------------------------------------------------------
+    def prepare(self, rows: list[Row]) -> None:
+        """Look every row up and compute shared runs once."""
+        for r in rows:
+            r.prepass = 0
+        self.lookup(rows)
+        self.share_runs(rows)
+
+    def hold(self, rows: list[Row]) -> None:
+        """Pin the rows' chains for the call and make them resident."""
+        for r in rows:
+            self.pin(r.chain)
+        for r in rows:
+            self.ensure_resident(r.chain, charge=r.stats)
+        for r in rows:
+            (r.stats or self.stats).recomputed_tokens += r.cut
+
+    def lookup(self, rows: list[Row]) -> None:
+        """Each row's longest cached prefix (its chain), leaving at least one token to compute:
+        its logits start the row's decoding or scoring. A bare row takes none (`cut` = what it
+        could have reused)."""
+        for r in rows:
+            chain, matched = self.store.lookup(r.ids, limit=len(r.ids) - 1)
+            r.chain, r.matched, r.cut = ([], 0, matched) if r.bare else (chain, matched, 0)
+
+    def need_bytes(self, rows: list[Row], extra: int, must: Sequence[Row] = ()) -> int:
+        """All K/V a batch of these (looked-up) rows holds at once: what is pinned now, the
+        chains of the rows and of `must` (rows whose prompts stay cached) made resident, the new
+        blocks of every must-store row, and the batch buffer (rows x (longest new part + extra))."""
+        store = self.store
+        keep = list({id(r): r for r in [*must, *(r for r in rows if r.must_store)]}.values())
+        chains: Chain = [p for r in [*rows, *keep] for p in r.chain]
+        blocks = sum(_ceil(len(r.ids) - r.matched, store.block_size) for r in keep)
+        longest = max((len(r.ids) - r.matched for r in rows), default=0)
+        return (store.pinned_bytes(chains) + blocks * store.block_bytes
+                + len(rows) * (longest + extra) * store.bytes_per_token)
+
+    def check_budget(self, rows: list[Row], extra: int) -> None:
+        """Fail before any work when the budget cannot run every row: what must stay cached (the
+        pinned prompts, and the new prompt K/V of rows whose prompts are pinned) plus the largest
+        need of any one row alone (its context and its batch buffer)."""
+        if not rows:
+            return
+        budget = self.store.budget
+        must = [r for r in rows if r.must_store]
+        need = max(min(self.need_bytes([r], extra, must), self.need_bytes([bare_copy(r)], extra, must))
+                   for r in rows)
+        for st in distinct([r.stats or self.stats for r in rows]):  # the least budget that runs it
+            st.least_budget_bytes = max(st.least_budget_bytes, need)
+        if budget is not None and need > budget:
+            bpt = self.store.bytes_per_token
+            raise CacheBudgetError(
+                f"cache_budget={budget} bytes cannot run this call: the pinned prompts and one row's context and "
+                f"batch buffer need at least {need} bytes ({need // bpt} tokens of K/V at {bpt} bytes each); "
+                f"raise --cache-budget to at least {need}, or run fewer searches at once")
+
+    def plan(self, rows: list[Row], extra: int, max_batch: int) -> list[list[int]]:
+        """Split the rows (in order) into batches of at most max_batch whose K/V fits the budget
+        together with every row whose prompt must stay cached (`need_bytes`); without a budget,
+        batches of max_batch."""
+        must = [r for r in rows if r.must_store]
+        budget = self.store.budget
+        for r in rows:  # a row whose cached context and buffer cannot fit together runs bare
+            if budget is not None and self.need_bytes([r], extra, must) > budget >= self.need_bytes(
+                    [bare_copy(r)], extra, must):
+                r.bare, r.chain, r.matched = True, [], 0
+        out: list[list[int]] = []
+        cur: list[int] = []
+        for i, r in enumerate(rows):
+            if cur and (len(cur) == max_batch or (self.store.budget is not None and self.need_bytes(
+                    [rows[j] for j in cur] + [r], extra, must) > self.store.budget)):
+                out.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            out.append(cur)
+        return out
+
+    def run_batches(self, rows: list[Row], extra: int, max_batch: int, run: Callable[[list[int]], list]) -> list:
+        """run(indexes) over the batches `plan` makes, results in row order; a batch that finds
+        too little room when it starts (CacheBudgetError) is split in two and waits, a single row
+        that still cannot fit runs bare (without its cached context). Each batch's pins end with it."""
+        queue = self.plan(rows, extra, max_batch)
+        out: list = [None] * len(rows)
+        while queue:
+            idx = queue.pop(0)
+            try:
+                results = run(idx)
+            except CacheBudgetError:
+                if len(idx) > 1:
+                    queue[:0] = [idx[:len(idx) // 2], idx[len(idx) // 2:]]
+                elif rows[idx[0]].bare or not self.config.shares:
+                    raise
+                else:
+                    rows[idx[0]].bare = True
+                    queue.insert(0, idx)
+                continue
+            finally:
+                self.end_call(rows[idx[0]].stats)
+            for i, res in zip(idx, results):
+                if rows[i].asks_sigma is not None:  # ASKS: the gate's value, and whom it attached to
+                    res.asks_sigma = rows[i].asks_sigma
+                    res.asks_ref = None if rows[i].asks_ref is None else idx[rows[i].asks_ref]
+                out[i] = res
+        return out
+
+    def share_runs(self, rows: list[Row]) -> None:
+        """Compute once the new-token runs that several rows share, then look the rows up again."""
+        while True:
+            groups: dict[tuple, list[Row]] = {}
+            for r in rows:
+                if r.matched < len(r.ids) - 1:
+                    end = (r.chain[-1][0].id, r.chain[-1][1]) if r.chain else (0, 0)
+                    groups.setdefault((end, r.ids[r.matched]), []).append(r)
+            runs: list[tuple[Chain, list[int], int, list[int], Stats]] = []  # counted in the first row's stats
+            firsts: list[tuple[Row, int]] = []
+            for members in groups.values():
+                if len(members) < 2:
+                    continue
+                first = members[0]
+                n = min(len(m.ids) - 1 - m.matched for m in members)
+                lcp = 0
+                while lcp < n and all(m.ids[m.matched + lcp] == first.ids[first.matched + lcp] for m in members):
+                    lcp += 1
+                if lcp >= self.share_min_tokens:
+                    runs.append((first.chain, first.ids[first.matched:first.matched + lcp], first.matched,
+                                 first.ids[:first.matched + lcp], first.stats or self.stats))
+                    firsts.append((first, lcp))
+            if not runs:
+                return
+            for run in runs:
+                self.pin(run[0])
+            need = sum(_ceil(len(run[1]), self.store.block_size) for run in runs) * self.store.block_bytes
+            if not self.store.can_hold(need):  # no room for the shared runs: each row computes its own
+                return
+            for run in runs:
+                self.ensure_resident(run[0], charge=run[4])
+            kvs = self.compute([r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs],
+                               [r[4] for r in runs])
+            for kv, (_, toks, start, ids, charge) in zip(kvs, runs):
+                self.insert(ids, start, kv, charge=charge)
+            self.lookup(rows)
+            for first, lcp in firsts:  # the row that computed a shared run did not reuse it
+                first.prepass += lcp
+
+    # -- storing and residency --------------------------------------------------------------------------
+    def store_kv(self, ids: list[int], start: int, kv: Any, *, free_only: bool = False,
+                 charge: Stats | None = None) -> Handle:
+        """Cache the K/V of ids[start:] (or its first whole blocks) where the budget has room,
+        else record only the tokens (a non-resident segment, recomputed if it is ever needed).
+
+        free_only: K/V computed in passing (a new prompt's, a generation's) is optional and takes
+        only room that displaces nothing owned: free budget or segments no owner holds. Owned K/V
+        is evicted, lowest omega first (RSBCM), only for what must be cached: the context a
+        running call attends over and pinned prompts. Otherwise every new prompt would push out
+        the shared templates that all later prompts reuse (LRU breaks omega ties against them).
+        Optional K/V whose context before `start` is not cached is kept as tokens only: caching
+        it would first recompute that context."""
+        store = self.store
+        chain, m = store.lookup(ids)
+        self.pin(chain)
+        keep = None  # cache every new token
+        if store.budget is not None:
+            missing = [(s, u) for s, u in chain if u > s.resident_len]
+            room = store.room(free_only=free_only) - sum(store.tokens_bytes(u) - store.resident_bytes(s)
+                                                         for s, u in missing)
+            keep = min(len(ids) - m, max(0, int(room)) // store.block_bytes * store.block_size)
+            if (room < 0 or (keep == 0 and m < len(ids))
+                    or any(s.start + s.resident_len < start for s, _ in missing)):
+                return chain[-1] if m == len(ids) else store.insert(chain, ids[m:], None)  # tokens only
+        return self.insert(ids, start, kv, found=(chain, m), keep=keep, charge=charge)
+
+    def insert(self, ids: list[int], start: int, kv: Any, *, found: tuple[Chain, int] | None = None,
+               keep: int | None = None, charge: Stats | None = None) -> Handle:
+        """Store the K/V of ids[start:] (given as kv) after the cached ids[:start]; returns the end
+        handle, pinned for the rest of the call. Evicted segments the tokens run through are
+        refilled from kv when it covers them, else recomputed (so the handle is resident).
+        found: the lookup of ids already made (and pinned); keep: cache only the first keep new
+        tokens' K/V (the segment still records every token)."""
+        if found is None:
+            chain, m = self.store.lookup(ids)
+            self.pin(chain)
+        else:
+            chain, m = found
+        self.ensure_resident(chain, known=(start, kv), charge=charge)
+        if m == len(ids):
+            return chain[-1]
+        part = kv[:, :, :, m - start:] if keep is None else kv[:, :, :, m - start:m - start + keep]
+        end = self.store.insert(chain, ids[m:], part)
+        self.pin([end])
+        return end
+
+    def ensure_resident(self, chain: Chain, known: tuple[int, Any] | None = None, *,
+                        charge: Stats | None = None) -> None:
+        """Make each chain segment resident up to the tokens the chain uses, recomputing what is
+        missing from its nearest cached ancestor (counted as recomputed).
+
+        known=(start, kv): the K/V of absolute positions start.. (a segment part inside it is
+        refilled from it instead of recomputed). charge: where recomputation is counted."""
+        import torch
+
+        charge = charge or self.stats
+        for i, (seg, used) in enumerate(chain):
+            have = seg.resident_len
+            if have >= used:
+                continue
+            lo, hi = seg.start + have, seg.start + used  # absolute positions missing
+            if known is not None and lo >= known[0] and hi <= known[0] + known[1].shape[3]:
+                new = known[1][:, :, :, lo - known[0]:hi - known[0]]
+            else:
+                prefix = list(chain[:i]) + ([(seg, have)] if have else [])
+                new = self.compute([prefix], [list(seg.tokens[have:used])], [lo], [charge])[0]
+                charge.recomputed_tokens += used - have
+            self.store.refill(seg, torch.cat([seg.kv, new], dim=3) if have else new)

@@ -1,0 +1,262 @@
+"""Checks of a command's arguments, made before any model loads.
+
+Loading the default model takes 30-50 s on a laptop CPU; a typo in a puzzle, a flag or a model
+path must not cost that. Each check turns a bad value into a `UsageError` whose one-line message
+names the flag and the fix; the CLI prints it as `treesearch: error: ...` and exits with status 2.
+
+The checks are small functions over plain values or an argparse namespace, so every command
+(`solve`, `bench`, and `run` when it lands) calls the ones its flags need:
+
+    problem = task_problem(args.task)          # unknown task
+    check_task_input(problem, args.task, x)    # Problem.check_input: "1 2 3" is not a Game of 24 puzzle
+    check_flags(args)                          # --breadth -2, --temperature -1, --threads 0 ...
+    strategy = search_strategy(args)           # unknown --strategy, settings the strategy refuses
+    sampling = search_sampling(args, problem)  # the task's sampling with --temperature / --top-p / --seed
+    check_model_flags(args)                    # --model (folder, cached id, 'tiny', default), --dtype
+
+Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from treesearch.common.config import RKSCConfig, Sampling
+from treesearch.common.errors import (ConfigError, ModelNotFoundError, ModelNotInstalledError, ParseError, SaveFileError,
+                     UsageError)
+from treesearch.core.problem import Problem
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors (a missing argument, an invalid choice, "abc" for a number) are raised
+    as UsageError, one line, instead of printed after the usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        raise usage_error(self.prog, message)
+
+
+def usage_error(prog: str, message: str) -> UsageError:
+    """A UsageError for an argparse message, pointing at the command's --help."""
+    return UsageError(f"{message}; see {prog} --help")
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (multi-line messages are joined with spaces)."""
+    return " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a numeric flag accepts (`ok`) and the fix printed when it does not."""
+
+    ok: Callable[[Any], bool]
+    fix: str
+
+
+def _at_least(low: int) -> Callable[[Any], bool]:
+    return lambda v: v >= low
+
+
+def _finite_at_least(low: float) -> Callable[[Any], bool]:
+    return lambda v: math.isfinite(v) and v >= low
+
+
+# Keyed by argparse dest; a command checks the ones its namespace has (None = not given).
+RULES: dict[str, Rule] = {
+    "breadth": Rule(_at_least(1), "use at least 1 state per step"),
+    "depth": Rule(_at_least(0), "use 0 or more steps"),
+    "iterations": Rule(_at_least(1), "use at least 1 iteration"),
+    "exploration": Rule(_finite_at_least(0.0), "use a constant >= 0 (about 1 for values in [0, 1])"),
+    "threshold": Rule(math.isfinite, "use a finite value within the task's value range"),
+    "max_states": Rule(_at_least(1), "use at least 1 expansion"),
+    "temperature": Rule(_finite_at_least(0.0), "use 0 for greedy or a positive value such as 0.7"),
+    "top_p": Rule(lambda v: 0 < v <= 1, "use a value in (0, 1], such as 0.95"),
+    "cache_budget": Rule(_at_least(1), "use a positive number of bytes, or leave it out for no limit"),
+    "threads": Rule(_at_least(1), "use at least 1 thread"),
+    "concurrency": Rule(_at_least(1), "use at least 1 search at a time"),
+    "workers": Rule(_at_least(1), "use at least 1 Ray worker"),
+    "gpus_per_worker": Rule(_finite_at_least(0.0), "use 0 or more GPUs per worker (a fraction shares one)"),
+    "max_nodes": Rule(_at_least(1), "use at least 1 node"),
+    "repeat": Rule(_at_least(1), "use at least 1 timed round"),
+    "branches": Rule(_at_least(1), "use at least 1 branch per question"),
+    "max_new_tokens": Rule(_at_least(1), "use at least 1 token"),
+    "replay_tokens": Rule(_at_least(1), "use at least 1 token"),
+    "rksc_budget": Rule(_finite_at_least(0.0), "use a fraction >= 0 of exact's peak KV bytes (0 = unbounded)"),
+}
+
+
+def flag_name(dest: str) -> str:
+    """The command-line spelling of an argparse dest: max_states -> --max-states."""
+    return "--" + dest.replace("_", "-")
+
+
+def _show(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Every numeric flag of RULES that args carries (not None) must pass its rule."""
+    for dest, rule in RULES.items():
+        value = getattr(args, dest, None)
+        if value is not None and not rule.ok(value):
+            raise UsageError(f"{flag_name(dest)} {_show(value)}: {rule.fix}")
+
+
+def task_names() -> list[str]:
+    """The registered task names, sorted (for --help and error messages)."""
+    from treesearch.tasks import TASKS
+
+    return sorted(TASKS)
+
+
+def task_problem(task: str) -> Problem:
+    """The registered task's Problem with its default settings."""
+    from treesearch.tasks import TASKS
+
+    if task not in TASKS:
+        raise UsageError(f"unknown task {task!r}; choose from {', '.join(task_names())}")
+    return TASKS[task]()
+
+
+def check_task_input(problem: Problem, task: str, x: Any) -> None:
+    """The task's own input check (`Problem.check_input`), which needs no model."""
+    try:
+        problem.check_input(x)
+    except (ParseError, ValueError) as exc:
+        raise UsageError(f"bad {task} input: {one_line(exc)}") from None
+
+
+def strategy_names() -> list[str]:
+    """The --strategy names (`strategies.FROM_CLI`), sorted."""
+    import strategies
+
+    return sorted(strategies.FROM_CLI)
+
+
+def search_strategy(args: argparse.Namespace) -> Any:
+    """The strategy named by --strategy, built from the search flags by `strategies.FROM_CLI`."""
+    import strategies
+
+    name = args.strategy.lower()
+    if name not in strategies.FROM_CLI:
+        raise UsageError(f"unknown strategy {args.strategy!r}; choose from {', '.join(strategy_names())}")
+    try:
+        return strategies.FROM_CLI[name](args)
+    except (ConfigError, ValueError) as exc:
+        raise UsageError(f"--strategy {name}: {one_line(exc)}") from None
+
+
+def search_sampling(args: argparse.Namespace, problem: Problem) -> Sampling:
+    """The task's sampling, with --temperature and --top-p where given and the seed of --seed."""
+    base = problem.sampling
+    temperature = base.temperature if args.temperature is None else args.temperature
+    top_p = base.top_p if args.top_p is None else args.top_p
+    try:
+        return Sampling(max_new_tokens=base.max_new_tokens, temperature=temperature, top_p=top_p, stop=base.stop,
+                        seed=args.seed)
+    except ConfigError as exc:
+        raise UsageError(one_line(exc)) from None
+
+
+def search_config(args: argparse.Namespace) -> RKSCConfig:
+    """The RKSC switches of --kv, --cache-budget, --cgee and --cgee-measure."""
+    try:
+        return RKSCConfig(kv_sharing=args.kv, cache_budget=args.cache_budget, cgee=args.cgee == "on",
+                          cgee_measure=args.cgee_measure)
+    except ConfigError as exc:
+        raise UsageError(one_line(exc)) from None
+
+
+def check_model_flags(args: argparse.Namespace) -> None:
+    """--model names a model that can load here (see `runtime.check_model`); --dtype is known."""
+    from treesearch.models.load import DTYPE_NAMES, check_model
+
+    dtype = getattr(args, "dtype", None)
+    if dtype is not None and dtype not in DTYPE_NAMES:
+        raise UsageError(f"--dtype {dtype}: use float32, bfloat16 or float16")
+    try:
+        check_model(args.model)
+    except ModelNotFoundError as exc:
+        raise UsageError(f"--model {one_line(exc)}") from None
+    except ModelNotInstalledError as exc:
+        raise UsageError(one_line(exc)) from None
+
+
+def check_resume_file(path: str) -> None:
+    """A --resume file exists and is a whole, unedited saved search."""
+    from treesearch.search.persist import load_payload
+
+    try:
+        load_payload(path)
+    except SaveFileError as exc:
+        raise UsageError(f"--resume {one_line(exc)}") from None
+
+
+@dataclass
+class SolvePlan:
+    """Everything `treesearch solve` needs besides the model, checked."""
+
+    problem: Problem
+    strategy: Any
+    sampling: Sampling
+    config: RKSCConfig
+
+
+def check_solve(args: argparse.Namespace) -> SolvePlan:
+    """All of `treesearch solve`'s checks, in the order a user reads the command line."""
+    problem = task_problem(args.task)
+    check_task_input(problem, args.task, args.input)
+    check_flags(args)
+    strategy = search_strategy(args)
+    sampling = search_sampling(args, problem)
+    config = search_config(args)
+    if args.resume is not None:
+        check_resume_file(args.resume)
+    check_model_flags(args)
+    return SolvePlan(problem=problem, strategy=strategy, sampling=sampling, config=config)
+
+
+def check_bench(argv: list[str]) -> argparse.Namespace:
+    """`treesearch bench`'s arguments parsed and checked as `treesearch.cli.bench.main` reads them."""
+    from treesearch.cli.bench import SUBCOMMANDS, build_parser, modes_for, parse_range
+    from treesearch.bench.modes import parse_modes
+
+    if argv and argv[0] in SUBCOMMANDS:
+        from treesearch.cli.bench_commands import build_subparser
+
+        parser = build_subparser(argv[0])
+        argv = argv[1:]
+    else:
+        parser = build_parser()
+    parser.error = lambda message: _raise(usage_error(parser.prog, message))  # type: ignore[method-assign]
+    args = parser.parse_args(argv)
+    check_flags(args)
+    if hasattr(args, "workload"):
+        try:
+            parse_modes(modes_for(args))
+            parse_range(args.rows, args.workload)
+        except SystemExit as exc:
+            raise UsageError(one_line(Exception(exc.code))) from None
+    if getattr(args, "workload", None) in ("tree", "paraphrase") and args.task not in (None, "gsm8k"):
+        raise UsageError(f"--task {args.task}: the {args.workload} workload runs on gsm8k only; leave --task out")
+    check_model_flags(args)
+    return args
+
+
+def _raise(exc: BaseException) -> NoReturn:
+    raise exc
+
+
+def check_run(args: argparse.Namespace) -> SolvePlan:
+    """`treesearch run`'s checks: solve's, without an input (each row is checked as it is read)."""
+    problem = task_problem(args.task)
+    check_flags(args)
+    strategy = search_strategy(args)
+    sampling = search_sampling(args, problem)
+    config = search_config(args)
+    check_model_flags(args)
+    return SolvePlan(problem=problem, strategy=strategy, sampling=sampling, config=config)

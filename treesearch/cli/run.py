@@ -1,0 +1,186 @@
+"""`treesearch run TASK`: a test set, many searches at once over one engine (`Searcher.solve_many`),
+one JSON line per input in `--out` as each finishes (`treesearch.runs.results_file`).
+
+    treesearch run game24 --range 900:1000 --concurrency 16 --out results.jsonl
+    treesearch run game24 --range 900:1000 --out results.jsonl --resume     # after Ctrl-C or a crash
+    treesearch run game24 --range 900:1000 --workers 4 --ray-address auto    # over Ray workers
+
+Every argument is checked before the model loads (as for solve). At the end it prints the
+accuracy with a 95% interval, inputs per hour and the token totals (`--json PATH` writes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from treesearch.common.errors import TreeSearchError, UsageError
+
+DEFAULT_RANGES = {"game24": "900:1000", "gsm8k": "0:1319"}
+
+
+def add_run_parser(sub: Any) -> None:
+    """The `run` subcommand and its flags (the search flags are solve's)."""
+    from treesearch.cli.backend import add_backend_args
+    from treesearch.cli.flags import add_search_flags
+    from treesearch.cli.checks import task_names
+
+    run = sub.add_parser("run", help="run a test set: many searches at once, one JSON line per input")
+    run.add_argument("task", help=f"task name: {', '.join(task_names())}")
+    run.add_argument("--range", dest="rows", default=None, metavar="A:B",
+                     help="rows [A, B) of the task's shipped test set (default: game24 900:1000, gsm8k 0:1319)")
+    run.add_argument("--inputs", default=None, metavar="FILE",
+                     help="inputs from a file instead: one per line (.jsonl: one JSON value per line)")
+    run.add_argument("--concurrency", type=int, default=16, metavar="N",
+                     help="searches at once, their model calls batched together (default 16)")
+    run.add_argument("--out", default=None, metavar="PATH", help="results file, JSON lines (default TASK-A-B.jsonl)")
+    run.add_argument("--resume", action="store_true", help="continue the run in --out: skip inputs already there")
+    run.add_argument("--trees", default=None, metavar="DIR", help="also write each input's tree to DIR/INDEX.json")
+    run.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the summary as JSON")
+    ray = run.add_argument_group("Ray", "spread the run over Ray workers, each with its own model and engine "
+                                 "(needs pip install -e '.[ray]')")
+    ray.add_argument("--workers", type=int, default=None, metavar="N",
+                     help="N Ray workers, each running --concurrency searches (a local cluster unless --ray-address)")
+    ray.add_argument("--ray-address", default=None, metavar="ADDR",
+                     help="join a Ray cluster: auto (`ray start --head` on this machine) or HOST:PORT of its head")
+    ray.add_argument("--gpus-per-worker", type=float, default=None, metavar="G",
+                     help="GPUs Ray gives each worker (its model then runs on cuda unless --device says otherwise)")
+    add_search_flags(run)
+    add_backend_args(run)
+
+
+def run_items(args: argparse.Namespace) -> list[tuple[int, Any]]:
+    """(index, input) pairs of the run: file lines numbered from 0, or the task's rows."""
+    from treesearch.runs.results_file import file_inputs, task_inputs
+
+    if args.inputs is not None:
+        if not Path(args.inputs).is_file():
+            raise UsageError(f"--inputs {args.inputs}: no such file; give a text file with one input per line")
+        return list(enumerate(file_inputs(args.inputs)))
+    start, end = parse_rows(args.rows or DEFAULT_RANGES.get(args.task, "0:"))
+    try:
+        xs = task_inputs(args.task, start, end)
+    except (TreeSearchError, ValueError) as err:
+        raise UsageError(f"--range {args.rows}: {err}") from None
+    if not xs:
+        raise UsageError(f"--range {args.rows}: no rows there; the {args.task} test set is smaller")
+    return [(start + k, x) for k, x in enumerate(xs)]
+
+
+def parse_rows(text: str) -> tuple[int, int | None]:
+    try:
+        a, _, b = text.partition(":")
+        start, end = int(a or 0), (int(b) if b else None)
+    except ValueError:
+        raise UsageError(f"--range {text!r}: write A:B with whole numbers, e.g. 900:1000") from None
+    if start < 0 or (end is not None and end <= start):
+        raise UsageError(f"--range {text}: use 0 <= A < B")
+    return start, end
+
+
+def check_workers(args: argparse.Namespace) -> None:
+    """--workers and its flags make sense together, and Ray is installed when --workers is given."""
+    from treesearch.cli.checks import flag_name
+
+    if args.workers is None:
+        for dest in ("ray_address", "gpus_per_worker"):
+            if getattr(args, dest) is not None:
+                raise UsageError(f"{flag_name(dest)} needs --workers N")
+        return
+    if args.backend == "server":
+        raise UsageError("--workers runs a local model in every worker; leave out --backend server (a server "
+                         "batches the searches itself: raise --concurrency instead)")
+    if (args.device or "").startswith("cuda") and not args.gpus_per_worker:
+        raise UsageError(f"--device {args.device} with --workers: add --gpus-per-worker 1, so that Ray gives each "
+                         "worker a GPU")
+    from treesearch.runs.cluster import INSTALL, require_ray
+    from treesearch.common.errors import DistributedError
+
+    try:
+        require_ray()
+    except DistributedError:
+        raise UsageError(f"--workers needs Ray, which is not installed; install it with: {INSTALL}") from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from treesearch.cli.model_loading import torch_threads
+    from treesearch.cli.checks import check_run, one_line
+
+    plan = check_run(args)
+    check_workers(args)
+    items = run_items(args)
+    out_path = args.out or f"{args.task}-{items[0][0]}-{items[-1][0] + 1}.jsonl"
+    from treesearch.runs.results_file import ResultsFile, run_inputs
+
+    try:
+        out = ResultsFile(out_path, resume=args.resume)
+    except TreeSearchError as err:
+        raise UsageError(one_line(err)) from None
+    with out:
+        todo = sum(i not in out.done for i, _ in items)
+        where = "" if args.workers is None else f" on each of {args.workers} Ray workers"
+        print(f"run: {len(items)} inputs, {len(items) - todo} already in {out_path}, {todo} to go, "
+              f"concurrency {args.concurrency}{where}", file=sys.stderr)
+        try:
+            if args.workers is not None:
+                summary = _run_on_workers(args, plan, items, out)
+            else:
+                with torch_threads(args.threads):
+                    summary = _run_here(args, plan, items, out)
+        except KeyboardInterrupt:
+            print(f"treesearch: interrupted; {len(out.done)} inputs are in {out_path}; continue with the same command "
+                  "plus --resume", file=sys.stderr)
+            return 130
+    print("\n".join(summary.lines()))
+    print(f"wrote {out_path}")
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(summary.to_dict(), indent=1))
+        print(f"wrote {args.json_path}")
+    return 0
+
+
+def _run_here(args: argparse.Namespace, plan: Any, items: list, out: Any) -> Any:
+    """The run in this process: one model, one engine, solve_many."""
+    from treesearch.cli.backend import backend_from_args
+    from treesearch.cli.model_loading import load_model_or_fail
+    from treesearch.cli.checks import one_line
+    from treesearch.runs.results_file import run_inputs
+    from treesearch.search.searcher import Searcher
+
+    try:
+        model = backend_from_args(args) or load_model_or_fail(args)
+    except TreeSearchError as exc:
+        raise UsageError(one_line(exc)) from None
+    searcher = Searcher(model, plan.problem, plan.strategy, plan.config, sampling=plan.sampling, seed=args.seed,
+                        progress=False)
+    return run_inputs(searcher, items, out, concurrency=args.concurrency, trees=args.trees,
+                      progress=not args.no_progress)
+
+
+def _run_on_workers(args: argparse.Namespace, plan: Any, items: list, out: Any) -> Any:
+    """The run over Ray workers (`treesearch.runs.distributed`): the driver loads no model."""
+    from treesearch.runs.distributed import DistributedRun
+    from treesearch.common.errors import DistributedError
+    from treesearch.cli.checks import one_line
+    from treesearch.runs.results_file import run_inputs
+    from treesearch.tasks import TASKS
+
+    try:
+        run = DistributedRun(TASKS[args.task], workers=args.workers, strategy=plan.strategy, config=plan.config,
+                             sampling=plan.sampling, seed=args.seed, model=args.model, device=args.device,
+                             dtype=args.dtype, threads=args.threads, cpus_per_worker=args.threads or 1,
+                             gpus_per_worker=args.gpus_per_worker or 0, concurrency=args.concurrency,
+                             address=args.ray_address)
+        with run:
+            c = run.cluster
+            print(f"ray: {'started a local cluster' if c.started else 'joined the cluster at ' + c.address} in "
+                  f"{c.startup_s:.1f} s; {len(run.info)} workers ready in {run.workers_ready_s:.1f} s (" +
+                  ", ".join(f"{n} on {i['host']}, {i['device']}, {i['threads']} threads, model loaded in "
+                            f"{i['load_s']:.1f} s" for n, i in sorted(run.info.items())) + ")", file=sys.stderr)
+            return run_inputs(run, items, out, concurrency=args.concurrency, trees=args.trees,
+                              progress=not args.no_progress)
+    except DistributedError as exc:
+        raise UsageError(one_line(exc)) from None

@@ -1,0 +1,1 @@
+"""Leaves every layer may use: errors, configuration, counters, seeds, atomic files. Imports nothing above."""

@@ -1,0 +1,224 @@
+"""The model forward: prefill, one decode step, the decode loop, label probabilities and sampling.
+
+Every forward runs a batch of rows, each extending its own cached prefix (K/V tensors handed in by
+the caller; this module never sees the cache) through shared-prefix attention
+(`treesearch.cache.attention.BatchKV`). Work is charged to `Stats` here, where it is done:
+model_calls, prefill_tokens and decode_tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from treesearch.cache.attention import BatchKV, Prefix
+from treesearch.common.config import Sampling
+from treesearch.engine.decoder import decoder_for, qualifies
+from treesearch.engine.eos import eos_token_ids
+from treesearch.models.model import LanguageModel
+from treesearch.common.stats import Stats, distinct
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> str:
+    """text up to the first occurrence of any stop string."""
+    cut = len(text)
+    for s in stops:
+        i = text.find(s)
+        if i != -1:
+            cut = min(cut, i)
+    return text[:cut]
+
+
+def sample(logits: torch.Tensor, sampling: Sampling, generators: Sequence[torch.Generator]) -> tuple[list[int], list[float]]:
+    """Next token of every row of logits [B, V] and its log p (untempered): argmax when greedy, else
+    temperature + top-p. Each row draws from its own generator (results never depend on the batch);
+    a draw is torch.multinomial's own rule (argmax of p / Exp(1) noise), done for all rows at once."""
+    logits = logits.float()
+    logp = torch.log_softmax(logits, dim=-1)
+    if sampling.temperature == 0:
+        toks = torch.argmax(logits, dim=-1)
+    else:
+        probs = torch.softmax(logits / sampling.temperature, dim=-1)
+        if sampling.top_p < 1.0:
+            sp, si = torch.sort(probs, descending=True, dim=-1)
+            keep = torch.cumsum(sp, dim=-1) - sp < sampling.top_p
+            probs = torch.zeros_like(probs).scatter_(1, si, torch.where(keep, sp, torch.zeros_like(sp)))
+        probs = probs.cpu()
+        noise = torch.stack([torch.empty(probs.shape[1]).exponential_(1, generator=g) for g in generators])
+        toks = (probs / noise).argmax(dim=-1).to(logits.device)
+    lps = logp.gather(1, toks[:, None])[:, 0]
+    return toks.tolist(), lps.tolist()
+
+
+class Forward:
+    """Runs a `LanguageModel`'s decoder over a batch of rows with shared-prefix attention.
+
+    fast_decode: decode steps through `treesearch.engine.decoder` (packed weights, fused kernels) where
+    the model qualifies; otherwise, and for prefill and scoring always, the transformers layers.
+    pack_own_runs: that step may copy each row's own cached runs into one block per step (False
+    under a cache budget, which bounds all K/V memory)."""
+
+    def __init__(self, lm: LanguageModel, *, fast_decode: bool = True, pack_own_runs: bool = True) -> None:
+        self.lm = lm
+        self.eos_ids = eos_token_ids(lm.model, lm.tokenizer)
+        self.decoder = decoder_for(lm.model) if fast_decode and qualifies(lm.model) else None
+        self.pack_own_runs = pack_own_runs  # the fast step may copy rows' own runs into one block (no budget)
+
+    def prefill(self, prefixes: list[Prefix], news: list[list[int]], starts: list[int], *, extra: int,
+                want_logits: bool, charge: Sequence[Stats], exit_rule: Callable | None = None, exits: Any = None,
+                label_ids: list[int] | None = None, capture: list | None = None) -> tuple[BatchKV, Any]:
+        """One padded forward of each row's new tokens (at absolute positions starts[b]..) over its
+        prefix; returns (batch, result) with room in the batch for `extra` more tokens per row.
+        result: last-position logits [B, V] (want_logits), label probabilities (label_ids; see
+        `layers`) or None. charge[b]: the Stats row b's work is counted in. capture: a list that receives each decoder layer's output [B, n, hidden]."""
+        lm = self.lm
+        bsz = len(news)
+        lens = [len(t) for t in news]
+        nmax = max(lens)
+        batch = BatchKV(lm.num_layers, bsz, lm.num_kv_heads, lm.head_dim, nmax + extra, lm.dtype, lm.device)
+        batch.set_prefixes(prefixes)
+        pad = lm.tokenizer.pad_token_id or 0
+        ids = torch.full((bsz, nmax), pad, dtype=torch.long)
+        for b, t in enumerate(news):
+            ids[b, :len(t)] = torch.tensor(t, dtype=torch.long)
+        ar = torch.arange(nmax)
+        valid = ar[None, :] < torch.tensor(lens)[:, None]
+        pos = torch.tensor(starts)[:, None] + ar[None, :]
+        batch.begin(0, valid.to(lm.device))
+        last = torch.tensor([n - 1 for n in lens])
+        result = self.layers(ids.to(lm.device), pos.to(lm.device), batch, last, want_logits,
+                             exit_rule=exit_rule, exits=exits, label_ids=label_ids, capture=capture)
+        for st in distinct(charge):
+            st.model_calls += 1
+        for st, n in zip(charge, lens):
+            st.prefill_tokens += n
+        return batch, result
+
+    def decode(self, batch: BatchKV, logits: torch.Tensor, positions: list[int], write_pos: int,
+               sampling: Sampling, generators: list[torch.Generator], charge: Sequence[Stats],
+               on_finish: Callable[[int, int, list[int]], None]) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        """The generate loop: sample every running row, feed the tokens back, repeat until each row
+        meets EOS, a stop string or max_new_tokens. Row b's first new token sits at absolute position
+        positions[b] and buffer position write_pos. on_finish(batch_row, b, tokens) runs as row b
+        finishes, before it leaves the batch. Returns per row (token ids, log p's, finish reason)."""
+        n = len(positions)
+        if self.decoder is not None and self.decoder.stale(self.lm.model):  # a weight changed in place
+            self.decoder = decoder_for(self.lm.model)
+        gens: list[list[int]] = [[] for _ in range(n)]
+        logps: list[list[float]] = [[] for _ in range(n)]
+        finish = ["length"] * n
+        active = list(range(n))  # batch row -> row
+        for step in range(sampling.max_new_tokens):
+            toks, lps = sample(logits, sampling, [generators[b] for b in active])
+            done = []
+            for j, b in enumerate(active):
+                gens[b].append(toks[j])
+                logps[b].append(lps[j])
+                reason = self.finished(gens[b], sampling)
+                if reason is None and step == sampling.max_new_tokens - 1:
+                    reason = "length"
+                if reason is not None:
+                    finish[b] = reason
+                    done.append(j)
+            for j in done:
+                on_finish(j, active[j], gens[active[j]])
+            if done:
+                keep = [j for j in range(len(active)) if j not in set(done)]
+                if not keep:
+                    break
+                batch.select(keep)
+                toks = [toks[j] for j in keep]
+                active = [active[j] for j in keep]
+            logits = self.step(batch, toks, [positions[b] + step for b in active], write_pos + step,
+                               [charge[b] for b in active])
+        return gens, logps, finish
+
+    def step(self, batch: BatchKV, toks: list[int], positions: list[int], write_pos: int,
+             charge: Sequence[Stats]) -> torch.Tensor:
+        """One decode step: each row's last token (absolute positions given) -> next-token logits [B, V]."""
+        if self.decoder is not None:
+            logits = self.decoder.step(toks, positions, batch, write_pos, pack=self.pack_own_runs)
+        else:
+            dev = self.lm.device
+            ids = torch.tensor(toks, dtype=torch.long, device=dev)[:, None]
+            pos = torch.tensor(positions, device=dev)[:, None]
+            batch.begin(write_pos, torch.ones(len(toks), 1, dtype=torch.bool, device=dev))
+            logits = self.layers(ids, pos, batch, torch.zeros(len(toks), dtype=torch.long), True)
+        for st in distinct(charge):
+            st.model_calls += 1
+        for st in charge:
+            st.decode_tokens += 1
+        return logits
+
+    def finished(self, gen: list[int], sampling: Sampling) -> str | None:
+        """"eos", "stop" or None for a row whose generated ids so far are gen (always None with
+        `sampling.ignore_eos`: fixed lengths, only max_new_tokens ends a row)."""
+        if sampling.ignore_eos:
+            return None
+        if gen[-1] in self.eos_ids:
+            return "eos"
+        if sampling.stop:
+            tail = self.lm.tokenizer.decode(gen[-16:], skip_special_tokens=True)
+            if any(s in tail for s in sampling.stop):
+                return "stop"
+        return None
+
+    def layers(self, ids, pos, batch: BatchKV, last, want_logits: bool, *, exit_rule=None, exits=None,
+               label_ids=None, capture: list | None = None):
+        """Embed, run the decoder layers with shared-prefix attention, return last-position logits.
+
+        With exit_rule, label probabilities are read through the final norm and LM head after every
+        layer (a logit lens) and the pass stops where the rule says: returns (probs, layers_run) for
+        a whole-batch verdict, or `exits` (a `treesearch.policies.cgee.RowExits`) when the rule decides per
+        row (a bool tensor): the rows it marks stop there, the others run on.
+        """
+        model = self.lm.model
+        base = model.model
+        h = base.embed_tokens(ids)
+        pe = base.rotary_emb(h, position_ids=pos)
+        rows = torch.arange(ids.shape[0], device=ids.device)
+        last = last.to(ids.device)
+        layers = base.layers
+        per_row = False
+        for i, layer in enumerate(layers):
+            h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe, ts_batch=batch)
+            if capture is not None:
+                capture.append(h)
+            if exit_rule is not None and i < len(layers) - 1:
+                probs = self.label_probs(base.norm(h[rows, last]), label_ids)
+                verdict = exit_rule(i + 1, probs)
+                if isinstance(verdict, torch.Tensor):
+                    per_row = True
+                    keep = exits.drop(verdict, probs, i + 1)
+                    if not exits.alive:
+                        return exits
+                    if keep is not None:  # rows that settled stop here; the others run on
+                        idx = torch.tensor(keep, dtype=torch.long, device=h.device)
+                        h, pos, last = h[idx], pos[idx], last[idx]
+                        pe = tuple(t[idx] for t in pe)
+                        rows = torch.arange(len(keep), device=h.device)
+                        batch.select(keep)
+                elif verdict:
+                    return probs, i + 1
+        if not want_logits:
+            return None
+        logits = model.lm_head(base.norm(h[rows, last])).float()
+        if per_row:
+            exits.finish(torch.softmax(logits, dim=-1), len(layers))
+            return exits
+        if label_ids is not None:
+            return torch.softmax(logits, dim=-1), len(layers)
+        return logits
+
+    def label_probs(self, hidden: torch.Tensor, label_ids: list[int]) -> torch.Tensor:
+        """Softmax over the labels' logits only: the LM head's rows of the labels, not the whole
+        vocabulary (a full head per layer would cost more than the layer itself)."""
+        head = self.lm.model.lm_head
+        idx = torch.as_tensor(label_ids, device=hidden.device)
+        logits = hidden @ head.weight.index_select(0, idx).T
+        if getattr(head, "bias", None) is not None:
+            logits = logits + head.bias.index_select(0, idx)
+        return torch.softmax(logits.float(), dim=-1)
+

@@ -1,0 +1,77 @@
+"""Labels of a value prompt scored as whole token sequences.
+
+    P(label | prompt) = p(t_0 | prompt) * prod_{j >= 1} p(t_j | prompt, t_0 .. t_{j-1})
+
+for a label of tokens t_0 .. t_m. The first factor is read from the scoring pass itself (its
+last-position distribution over the vocabulary). The others come from one more forward, for all
+rows and all multi-token labels at once: each (prompt, label) row feeds t_0 .. t_{m-1} after
+the prompt, attending in place over the prompt's K/V (its cached chain plus the scoring pass's own
+buffer; nothing is copied per label), and reads log p(t_j) at each position. Labels of one token
+need nothing more, so a problem whose labels are all single tokens scores exactly as before.
+
+CGEE Level 2 reads the labels' first tokens through a logit lens; it needs labels whose first
+tokens differ. With labels that share a first token every verification runs all layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from treesearch.common.errors import ProblemDefinitionError
+
+
+def label_sequences(tokenizer: Any, labels: Sequence[str]) -> list[list[int]]:
+    """Each label's token ids; refused: a label that tokenizes to nothing, two labels alike."""
+    seqs = []
+    for lab in labels:
+        toks = tokenizer.encode(lab, add_special_tokens=False) if isinstance(lab, str) else []
+        if not toks:
+            raise ProblemDefinitionError(f"label {lab!r} tokenizes to nothing; use a non-empty word such as ' yes'")
+        seqs.append(list(toks))
+    if len({tuple(q) for q in seqs}) != len(seqs):
+        raise ProblemDefinitionError(f"labels {list(labels)} tokenize alike ({seqs}); give each label its own words")
+    return seqs
+
+
+def first_tokens_differ(seqs: Sequence[Sequence[int]]) -> bool:
+    return len({q[0] for q in seqs}) == len(seqs)
+
+
+def tail_logprobs(forward: Any, prefixes: list, tails: list[list[int]], starts: list[int], charge: list) -> list[float]:
+    """For each row, sum_j log p(tail[j] | prefix, tail[:j]) over j >= 1: one forward of
+    tail[:-1] at absolute positions starts[b].. over the row's prefix (K/V runs read in place)."""
+    hidden: list[torch.Tensor] = []
+    forward.prefill(prefixes, [t[:-1] for t in tails], starts, extra=0, want_logits=False, charge=charge,
+                    capture=hidden)
+    model = forward.lm.model
+    logp = torch.log_softmax(model.lm_head(model.model.norm(hidden[-1])).float(), dim=-1)  # [B, n, V]
+    out = []
+    for b, tail in enumerate(tails):
+        targets = torch.tensor(tail[1:], device=logp.device)
+        out.append(float(logp[b, torch.arange(len(tail) - 1, device=logp.device), targets].sum()))
+    return out
+
+
+def label_tails(forward: Any, cache: Any, rows: list, batch: Any, per: list, full: list[bool],
+                seqs: list[list[int]], held: list[int]) -> dict[tuple[int, int], float]:
+    """(row, label) -> log p of a multi-token label's tokens after its first, for the rows of a
+    scoring batch that ran every layer. rows: the batch's `treesearch.cache.manager.Row`s; per[b][2]:
+    row b's row in the (possibly shrunk) batch buffer; the extra forward's buffer is reserved in
+    `cache` and appended to `held`, which the caller unreserves."""
+    multi = [k for k, q in enumerate(seqs) if len(q) > 1]
+    who = [(b, k) for b in range(len(rows)) if full[b] for k in multi]
+    if not who:
+        return {}
+    own = {}
+    for b, _ in who:
+        n = len(rows[b].ids) - rows[b].matched
+        own[b] = [(batch.row_kv(per[b][2], 0, n), n)]  # the prompt's new tokens, from the scoring pass
+    need = len(who) * max(len(seqs[k]) - 1 for k in multi) * forward.lm.kv_bytes_per_token
+    cache.reserve(need)
+    held.append(need)
+    got = tail_logprobs(forward, [cache.prefix(rows[b].chain) + own[b] for b, _ in who], [seqs[k] for _, k in who],
+                        [len(rows[b].ids) for b, _ in who], [rows[b].stats for b, _ in who])
+    return dict(zip(who, got))

@@ -1,0 +1,349 @@
+"""The local engine: batched generation and label scoring with a transformers model, every forward
+starting from the longest cached prefix (`kv_sharing="exact"`) or from scratch ("off").
+
+One call works in three phases:
+1. prepare: tokenize (`treesearch.engine.tokens`: known texts keep their ids, so a chain-style prompt
+   built from an earlier prompt and its generation gets exactly those ids), then let the cache
+   manager (`treesearch.cache.manager`) plan each row: its longest cached prefix under the budget, runs
+   of new tokens that several rows share (computed once), ASKS attachment (`treesearch.policies.asks`)
+   and the residency of every chain the batch attends over;
+2. prefill: each row's remaining prompt tokens in one padded batch (`treesearch.engine.forward`),
+   attending over its cached chain in place (`treesearch.cache.attention`);
+3. decode (generate only): one token per row per step until EOS, a stop string or max tokens.
+The K/V of each row's new prompt tokens and of its fed-back generated tokens is kept (exact
+mode), so a child's context never recomputes its parent's. Every batch buffer is counted against
+the cache budget before it is allocated (`CacheManager.reserve`), so `stats.peak_kv_bytes` (the
+store's blocks plus the running buffers, the most K/V held at once) stays within the budget.
+
+Searches: one after another (`new_search`, counted in `self.stats`), or several at once, each
+with its own `Stats` (`begin_search` / `end_search`), whose rows may share one call (`stats=`
+per prompt): each row's work is counted in its own search's Stats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from treesearch.policies import asks
+from treesearch.backends.protocol import FEATURES, Generation, Score
+from treesearch.policies.cgee import RowExits, token_offsets
+from treesearch.common.config import RKSCConfig, Sampling
+from treesearch.common.errors import ContextTooLongError, ProblemDefinitionError
+from treesearch.engine.forward import Forward, cut_at_stop
+from treesearch.cache.manager import CacheManager, Handle, Row
+from treesearch.cache.kvstore import Chain, KVStore
+from treesearch.policies.rsbcm import Priority
+from treesearch.models.model import LanguageModel
+from treesearch.common.seeds import stable_seed
+from treesearch.common.stats import Stats, distinct, per_row
+from treesearch.engine.ledger import SearchLedger
+from treesearch.engine.labels import first_tokens_differ, label_sequences, label_tails
+from treesearch.engine.tokens import TokenMemory, label_token_ids
+
+
+class Engine:
+    """Runs a `LanguageModel` over many branches, sharing K/V as `config.kv_sharing` says."""
+
+    def __init__(self, lm: LanguageModel, config: RKSCConfig | None = None, *, max_batch: int = 32,
+                 share_min_tokens: int = 8) -> None:
+        self.lm = lm
+        self.config = config or RKSCConfig()
+        self.max_batch = max_batch
+        self.stats = Stats()
+        self.forward = Forward(lm, fast_decode=self.config.fast_decode,
+                               pack_own_runs=self.config.cache_budget is None)
+        self.cache = CacheManager(lm.kv_bytes_per_token, self.config, self.stats, self._compute,
+                                  share_min_tokens=share_min_tokens)
+        self.asks = asks.Gate(self.config.asks_alpha, self.config.asks_tau)
+        self.tokens = TokenMemory(lm.tokenizer)
+        self.searches = SearchLedger()
+        self.name = lm.name
+        self.num_layers = lm.num_layers
+        self.features = frozenset(FEATURES)
+        self._calls = 0
+
+    @property
+    def store(self) -> KVStore:
+        return self.cache.store
+
+    @property
+    def eos_ids(self) -> set[int]:
+        """Token ids that end a generation (the forward pass reads them)."""
+        return self.forward.eos_ids
+
+    @eos_ids.setter
+    def eos_ids(self, ids: set[int]) -> None:
+        self.forward.eos_ids = set(ids)
+
+    @property
+    def asks_log(self) -> list[dict]:
+        """Every ASKS gate decision since the last `new_search`: sigma, attached, tokens reused."""
+        return self.asks.log
+
+    # -- tokens ----------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of text; a text that extends a known text keeps the known ids."""
+        return self.tokens.tokenize(text)
+
+    def remember_generation(self, prompt: str, prompt_ids: Sequence[int], token_ids: Sequence[int]) -> None:
+        """prompt + the decoded generation has the ids prompt_ids + token_ids. Called after every
+        generation; `Searcher.resume` calls it to give a fresh engine the same tokenization memory."""
+        self.tokens.remember_generation(prompt, prompt_ids, token_ids)
+
+    def label_token_ids(self, labels: Sequence[str]) -> list[int]:
+        return label_token_ids(self.lm.tokenizer, labels)
+
+    def token_offsets(self, generation: Generation) -> list[tuple[int, int]]:
+        """Character range in generation.text of each generated token."""
+        return token_offsets(self.lm.tokenizer, generation.token_ids)
+
+    # -- searches and owners ---------------------------------------------------------------------
+    def new_search(self) -> None:
+        """Start the counters and ownership of a new search, keeping from the cache only the K/V
+        of the last search's prompts (few-shot templates and prompt heads that the next search's
+        prompts start with); generations and older entries are forgotten, so memory stays bounded
+        by one search. Results never depend on what is cached; only prefill and reuse counts do."""
+        self.cache.new_search(last=self.searches.end(self.stats))
+        self.stats.reset()
+        self.asks.log = []
+        self._calls = 0
+
+    def begin_search(self) -> Stats:
+        """A search that runs beside others on this engine: returns the Stats its work is counted
+        in (pass it as `stats=` to generate and score)."""
+        return self.searches.begin()
+
+    def end_search(self, stats: Stats) -> None:
+        """The search counted in `stats` is over and has released its owners: the cache forgets
+        what neither its prompts nor the live searches' prompts ran through."""
+        key = self.searches.end(stats)
+        if key is not None:
+            self.cache.end_search(key, live=self.searches.live_keys())
+
+    def set_priority(self, fn: Priority | None) -> None:
+        """Install owner -> omega (see `treesearch.policies.rsbcm`); the Searcher passes score/(depth+1)."""
+        self.cache.set_priority(fn)
+
+    def acquire(self, owner: Any, handle: Handle | None) -> None:
+        """`owner` holds the K/V of the context ending at `handle` (no-op for None)."""
+        if self.config.shares:
+            self.cache.acquire(owner, handle)
+
+    def release(self, owner: Any) -> None:
+        """`owner` lets go of every context it holds; blocks no one holds become free (evicted first)."""
+        self.cache.release(owner)
+
+    def pin_owner(self, owner: Any) -> None:
+        """Never evict the prompts of this owner's calls (e.g. the root node's prompt template; not
+        its generations) until `release(owner)`."""
+        self.cache.pin_owner(owner)
+
+    # -- public operations -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[str], sampling: Sampling | None = None, *,
+                 seeds: Sequence[int] | None = None, owners: Sequence[Any] | None = None,
+                 stats: Stats | Sequence[Stats] | None = None) -> list[Generation]:
+        """Generate one continuation per prompt (repeat a prompt for several samples). stats: where
+        each prompt's work is counted (one Stats, or one per prompt when several searches share
+        the call; default the engine's)."""
+        sampling = sampling or Sampling()
+        if not prompts:
+            return []
+        charge = per_row(len(prompts), stats, self.stats)
+        self._calls += 1
+        for st in distinct(charge):
+            st.generate_calls += 1
+        if seeds is None:
+            seeds = [stable_seed(sampling.seed, self._calls, i) for i in range(len(prompts))]
+        return self._batched(prompts, owners, charge, sampling.max_new_tokens, lambda rows, o, idx: self._generate_batch(
+            rows, [prompts[i] for i in idx], sampling, [seeds[i] for i in idx], o))
+
+    @torch.no_grad()
+    def score(self, prompts: Sequence[str], labels: Sequence[str], *, owners: Sequence[Any] | None = None,
+              exit_rule: Callable[[int, torch.Tensor], Any] | None = None,
+              stats: Stats | Sequence[Stats] | None = None) -> list[Score]:
+        """Probabilities of each label right after each prompt: its whole token sequence's
+        (`treesearch.engine.labels`), renormalised over the labels; one forward pass, plus one more for
+        the tokens after the first of multi-token labels.
+
+        exit_rule(layer, label_probs [B, n_labels]) -> True stops the pass after that layer (CGEE);
+        a pass cut short stores no K/V. A rule that returns a bool tensor [B] decides per row: the
+        rows marked True stop there (their Score has that layers_run and stores no K/V), and the
+        rule is called next with the survivors only, in the same order (see `treesearch.policies.cgee.LayerExit`).
+        """
+        if not prompts:
+            return []
+        seqs = label_sequences(self.lm.tokenizer, labels)
+        if not first_tokens_differ(seqs):
+            exit_rule = None  # the logit lens cannot tell labels apart by their first token: run in full
+        charge = per_row(len(prompts), stats, self.stats)
+        self._calls += 1
+        for st in distinct(charge):
+            st.score_calls += 1
+        return self._batched(prompts, owners, charge, 0, lambda rows, o, idx: self._score_batch(
+            rows, list(labels), seqs, o, exit_rule))
+
+    def _batched(self, prompts: Sequence[str], owners: Sequence[Any] | None, charge: list[Stats], extra: int,
+                 run: Callable) -> list:
+        """Tokenize and check every prompt, then run them in batches that fit (`CacheManager.run_batches`)."""
+        rows = self._rows(prompts, owners, charge, extra)
+        return self.cache.run_batches(rows, extra, self.max_batch, lambda idx: run(
+            [rows[i] for i in idx], None if owners is None else [owners[i] for i in idx], idx))
+
+    # -- phases ----------------------------------------------------------------------------------
+    def _rows(self, prompts: Sequence[str], owners: Sequence[Any] | None, charge: list[Stats], extra: int) -> list[Row]:
+        """The call's rows, tokenized and checked, looked up and checked against the budget."""
+        rows = [Row(ids=self.tokenize(p), stats=st, search=self.searches.key(st)) for p, st in zip(prompts, charge)]
+        for r, owner in zip(rows, owners or []):
+            r.must_store = self.cache.prompt_pinned(owner)
+        for r, p in zip(rows, prompts):
+            if not r.ids:
+                raise ProblemDefinitionError("an empty prompt was given; prompts need at least one token")
+            if len(r.ids) + extra > self.lm.max_context:
+                raise ContextTooLongError(
+                    f"prompt of {len(r.ids)} tokens + {extra} new tokens exceeds the model's context of "
+                    f"{self.lm.max_context}; shorten the prompt or lower max_new_tokens (prompt starts {p[:60]!r})")
+        if self.config.shares:
+            self.cache.lookup(rows)
+        self.cache.check_budget(rows, extra)
+        return rows
+
+    def _prepare(self, rows: list[Row]) -> None:
+        """Plan one batch: cached prefixes, shared runs, ASKS, and the residency of its chains."""
+        if not self.config.shares:
+            return
+        self.cache.prepare(rows)
+        if self.config.kv_sharing == "asks":
+            held: list[int] = []
+            try:
+                self.asks.attach(rows, self.cache, lambda *a, **kw: self._prefill(*a, held=held, **kw))
+            finally:
+                for n in held:
+                    self.cache.unreserve(n)
+        self.cache.hold(rows)  # the running batch's chains stay pinned until the call ends
+
+    def _prefill(self, chains: list[Chain], news: list[list[int]], starts: list[int], charge: list[Stats], *,
+                 held: list[int], extra: int = 0, want_logits: bool = False, **kw: Any):
+        """One forward of each row's new tokens over its cached chain. Its buffer is counted
+        against the budget first and appended to `held`, which the caller unreserves."""
+        need = len(news) * (max(len(t) for t in news) + extra) * self.lm.kv_bytes_per_token
+        self.cache.reserve(need)
+        held.append(need)
+        return self.forward.prefill([self.cache.prefix(c) for c in chains], news, starts, extra=extra,
+                                    want_logits=want_logits, charge=charge, **kw)
+
+    def _compute(self, chains: list[Chain], news: list[list[int]], starts: list[int], charge: list[Stats]):
+        """The cache manager's way to compute K/V (shared runs, recomputation): each row's new K/V."""
+        held: list[int] = []
+        try:
+            batch, _ = self._prefill(chains, news, starts, charge, held=held)
+            return [batch.row_kv(b, 0, len(t)) for b, t in enumerate(news)]
+        finally:
+            for n in held:
+                self.cache.unreserve(n)
+
+    def _store_prompts(self, rows: list[Row], batch, lens: list[int], full: Sequence[bool] | None = None,
+                       batch_rows: Sequence[int] | None = None) -> list:
+        """Cache each row's new prompt K/V (a row cut short by CGEE stores none); returns the ends."""
+        ends: list[Handle | None] = [None] * len(rows)
+        if not self.config.shares:
+            return ends
+        for b, r in enumerate(rows):
+            if full is None or full[b]:
+                brow = b if batch_rows is None else batch_rows[b]
+                ends[b] = self.cache.store_kv(r.ids, r.matched, batch.row_kv(brow, 0, lens[b]),
+                                              free_only=not r.must_store, charge=r.stats)
+                self.cache.count_prompt(ends[b], r.search)
+        return ends
+
+    def _generate_batch(self, rows: list[Row], prompts: list[str], sampling: Sampling, seeds: list[int],
+                        owners: list[Any] | None) -> list[Generation]:
+        self._prepare(rows)
+        news = [r.ids[r.matched:] for r in rows]
+        lens = [len(t) for t in news]
+        nmax = max(lens)
+        charge = [r.stats for r in rows]
+        held: list[int] = []
+        try:
+            batch, logits = self._prefill([r.chain for r in rows], news, [r.matched for r in rows], charge,
+                                          held=held, extra=sampling.max_new_tokens, want_logits=True)
+            for r in rows:
+                r.stats.reused_tokens += r.matched - r.prepass
+            ends = self._store_prompts(rows, batch, lens)
+            if self.config.shares:
+                self.cache.pin_prompts(ends, owners)
+
+            def keep_generated(j: int, b: int, gen: list[int]) -> None:
+                # the fed-back tokens' K/V (all generated but the last), only into room that displaces nothing owned
+                fed = len(gen) - 1
+                if self.config.shares and fed > 0 and ends[b] is not None:
+                    ends[b] = self.cache.store_kv(rows[b].ids + gen[:fed], len(rows[b].ids),
+                                                  batch.row_kv(j, nmax, nmax + fed), free_only=True,
+                                                  charge=rows[b].stats)
+
+            generators = [torch.Generator().manual_seed(s & 0x7FFFFFFFFFFFFFFF) for s in seeds]
+            gens, logps, finish = self.forward.decode(batch, logits, [r.matched + n for r, n in zip(rows, lens)],
+                                                      nmax, sampling, generators, charge, keep_generated)
+        finally:
+            for n in held:
+                self.cache.unreserve(n)
+        results = []
+        for b, r in enumerate(rows):
+            text = self.lm.tokenizer.decode(gens[b], skip_special_tokens=True)
+            self.remember_generation(prompts[b], r.ids, gens[b])
+            self.searches.saw(r.stats, r.ids + gens[b][:-1])
+            r.stats.generated_tokens += len(gens[b])
+            results.append(Generation(text=cut_at_stop(text, sampling.stop), token_ids=gens[b], logprobs=logps[b],
+                                      finish=finish[b], prompt_tokens=len(r.ids), reused_tokens=r.matched - r.prepass,
+                                      handle=ends[b]))
+        self._finish_batch(results, owners, rows)
+        return results
+
+    def _score_batch(self, rows: list[Row], labels: list[str], seqs: list[list[int]], owners: list[Any] | None,
+                     exit_rule) -> list[Score]:
+        self._prepare(rows)
+        news = [r.ids[r.matched:] for r in rows]
+        held: list[int] = []
+        try:
+            batch, out = self._prefill([r.chain for r in rows], news, [r.matched for r in rows],
+                                       [r.stats for r in rows], held=held, want_logits=True, exit_rule=exit_rule,
+                                       exits=RowExits(len(rows)), label_ids=[q[0] for q in seqs])
+            for r in rows:
+                r.stats.reused_tokens += r.matched - r.prepass
+            if isinstance(out, RowExits):  # per-row exit: each row has its own depth and batch row
+                per = [(out.probs[b], out.layers[b], out.batch_row[b]) for b in range(len(rows))]
+            else:
+                per = [(out[0][b], out[1], b) for b in range(len(rows))]
+            full = [layers == self.lm.num_layers for _, layers, _ in per]
+            tails = label_tails(self.forward, self.cache, rows, batch, per, full, seqs, held)
+            ends = self._store_prompts(rows, batch, [len(t) for t in news], full, [p[2] for p in per])
+        finally:
+            for n in held:
+                self.cache.unreserve(n)
+        results = []
+        for b, r in enumerate(rows):
+            probs, layers_run, _ = per[b]
+            if full[b]:  # whole sequences: the first token from this pass, the rest from the tails
+                raw = {lab: float(probs[q[0]]) * math.exp(tails.get((b, k), 0.0))
+                       for k, (lab, q) in enumerate(zip(labels, seqs))}
+            else:
+                raw = {lab: float(probs[k]) for k, lab in enumerate(labels)}
+            tot = sum(raw.values()) or 1.0
+            self.searches.saw(r.stats, r.ids)
+            results.append(Score(probs={k: v / tot for k, v in raw.items()}, raw=raw, layers_run=layers_run,
+                                 reused_tokens=r.matched - r.prepass, handle=ends[b]))
+        self._finish_batch(results, owners, rows)
+        return results
+
+    def _finish_batch(self, results: list, owners: list[Any] | None, rows: list[Row]) -> None:
+        if owners is not None:
+            self.cache.tag_owners([r.handle for r in results], owners)
+        charge = distinct([r.stats for r in rows])
+        for st in charge:
+            st.unique_tokens = self.searches.unique(st)
+        self.cache.report_peak(charge)

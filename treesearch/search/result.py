@@ -1,0 +1,64 @@
+"""`SearchResult`: what a search returns (tree, best node, answer, stats), saved and loaded with
+a checksum through `treesearch.search.persist`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from treesearch.common.errors import SaveFileError
+from treesearch.core.problem import Problem
+from treesearch.core.tree import ThoughtTree
+
+
+@dataclass
+class SearchResult:
+    """What `Searcher.solve` and `Searcher.resume` return, and what an interrupted search leaves on
+    its exception as `exc.partial_result` (status "interrupted", error naming the exception).
+
+    `save(path)` / `SearchResult.load(path, problem)` round-trip everything but the KV handles
+    (see `treesearch.search.persist` for the file format and its checks)."""
+
+    tree: ThoughtTree
+    best: int | None
+    answer: str | None
+    solved: bool
+    stats: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    status: str = "complete"  # "complete" | "interrupted"
+    error: str | None = None  # repr of the exception that interrupted the search
+    problem: Problem | None = field(default=None, repr=False, compare=False)  # converts states on save
+    answer_node: int | None = None  # the node `answer` was read from (see Searcher.result); None: no answer
+    worker: str | None = None  # the Ray worker that ran the search (`treesearch.run_distributed`); None: this process
+
+    def to_json(self, problem: Problem | None = None) -> dict:
+        problem = problem or self.problem
+        conv = problem.state_to_json if problem is not None else None
+        return {"answer": self.answer, "solved": self.solved, "best": self.best, "answer_node": self.answer_node,
+                "status": self.status, "error": self.error, "stats": self.stats, "config": self.config,
+                "tree": self.tree.to_json(conv)}
+
+    def save(self, path: str | Path, problem: Problem | None = None) -> Path:
+        """Write the result to path atomically, with a checksum; states go through the problem's
+        `state_to_json` (the problem that produced the result, unless another is given)."""
+        from treesearch.search.persist import save_payload
+
+        return save_payload(path, self.to_json(problem))
+
+    @classmethod
+    def load(cls, path: str | Path, problem: Problem | None = None) -> "SearchResult":
+        """Read a saved result; with the problem, states are rebuilt by its `state_from_json` (needed
+        to resume). A truncated, edited or damaged file raises SaveFileError and loads nothing."""
+        from treesearch.search.persist import load_payload
+
+        r = load_payload(path)
+        tree = ThoughtTree.from_json(r["tree"], problem.state_from_json if problem is not None else None)
+        if r["best"] is not None and r["best"] not in tree:
+            raise SaveFileError(f"{path}: best node {r['best']} is not in the saved tree; nothing was loaded")
+        # files from before answer_node read their answer from best
+        answer_node = r.get("answer_node", r["best"] if r["answer"] is not None else None)
+        if answer_node is not None and (isinstance(answer_node, bool) or answer_node not in tree):
+            raise SaveFileError(f"{path}: answer node {answer_node!r:.20} is not in the saved tree; nothing was loaded")
+        return cls(tree=tree, best=r["best"], answer=r["answer"], solved=r["solved"], stats=r["stats"],
+                   config=r["config"], status=r["status"], error=r["error"], problem=problem,
+                   answer_node=answer_node)
