@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from fractions import Fraction
 from itertools import combinations
 
 
 def child_states(puzzle: str):
-    from treesearch.tasks.game24 import Game24, Game24State, apply_move
     from treesearch.tasks.arith import fmt
+    from treesearch.tasks.game24 import Game24, Game24State, apply_move
 
     problem = Game24()
     root = problem.initial_state(puzzle)
@@ -64,7 +63,9 @@ def main(argv=None) -> None:
         ex = Engine(lm, RKSCConfig(kv_sharing="exact"))
         ak = Engine(lm, RKSCConfig(kv_sharing="asks", asks_tau=-float("inf")))
         for e in (ex, ak):
-            e.score([problem.value_template.split("{numbers}")[0]], labels)  # the template is cached, as in a search
+            e.score(
+                [problem.value_template.split("{numbers}")[0]], labels
+            )  # the template is cached, as in a search
         a, b = ex.score(prompts, labels), ak.score(prompts, labels)
         for d in ak.asks_log:
             i = d["row"]
@@ -73,28 +74,52 @@ def main(argv=None) -> None:
             va = sum(problem.labels[k] * a[i].probs[k] for k in labels)
             vb = sum(problem.labels[k] * b[i].probs[k] for k in labels)
             rows.append((d["cos"], best_a == best_b, abs(va - vb), d["tokens"]))
-        print(json.dumps({"puzzle": puzzle, "prompts": len(prompts), "pairs": len(ak.asks_log),
-                          "agree_if_all_attached": sum(r[1] for r in rows[-len(ak.asks_log):]) if ak.asks_log else 0}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "puzzle": puzzle,
+                    "prompts": len(prompts),
+                    "pairs": len(ak.asks_log),
+                    "agree_if_all_attached": sum(r[1] for r in rows[-len(ak.asks_log) :])
+                    if ak.asks_log
+                    else 0,
+                }
+            ),
+            flush=True,
+        )
     from treesearch.policies.asks import sigma_from_cosines
 
     best = None
     for alpha in args.alphas:
-        scored = sorted(((sigma_from_cosines(c, alpha), ok, dv, t) for c, ok, dv, t in rows), key=lambda r: -r[0])
+        scored = sorted(
+            ((sigma_from_cosines(c, alpha), ok, dv, t) for c, ok, dv, t in rows), key=lambda r: -r[0]
+        )
         tau, kept, agree = float("inf"), 0, 0
         run_ok = 0
         for k, (s, ok, _, _) in enumerate(scored, 1):
             run_ok += ok
             if run_ok / k >= args.target:
                 tau, kept, agree = s, k, run_ok
-        res = {"alpha": alpha, "tau": tau, "pairs": len(scored), "attached": kept,
-               "agreement": round(agree / kept, 4) if kept else None,
-               "tokens_saved": sum(t for s, _, _, t in scored if s >= tau)}
+        res = {
+            "alpha": alpha,
+            "tau": tau,
+            "pairs": len(scored),
+            "attached": kept,
+            "agreement": round(agree / kept, 4) if kept else None,
+            "tokens_saved": sum(t for s, _, _, t in scored if s >= tau),
+        }
         print(json.dumps(res), flush=True)
         if kept and (best is None or kept > best["attached"]):
             best = res
-    print(json.dumps({"chosen": best, "overall_agreement_if_all_attached":
-                      round(sum(r[1] for r in rows) / max(1, len(rows)), 4)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "chosen": best,
+                "overall_agreement_if_all_attached": round(sum(r[1] for r in rows) / max(1, len(rows)), 4),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

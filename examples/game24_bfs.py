@@ -32,17 +32,27 @@ def main(argv: list[str] | None = None) -> int:
 
     problem = Game24(max_new_tokens=args.max_new_tokens)
     problem.samples_per_expand = args.samples
-    sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=0.7, stop=problem.sampling.stop,
-                        seed=args.seed)
-    searcher = Searcher(load_model(), problem, BFS(breadth=args.breadth), RKSCConfig(kv_sharing="exact"),
-                        sampling=sampling, seed=args.seed, progress=False)
+    sampling = Sampling(
+        max_new_tokens=args.max_new_tokens, temperature=0.7, stop=problem.sampling.stop, seed=args.seed
+    )
+    searcher = Searcher(
+        load_model(),
+        problem,
+        BFS(breadth=args.breadth),
+        RKSCConfig(kv_sharing="exact"),
+        sampling=sampling,
+        seed=args.seed,
+        progress=False,
+    )
     result = searcher.solve(args.puzzle)
 
     print(result.tree.text_view(max_nodes=40))
     print(f"\nanswer: {result.answer}  solved: {result.solved}")
     s = result.stats
-    print(f"nodes {len(result.tree)} · prefill {s['prefill_tokens']} · reused {s['reused_tokens']} · "
-          f"decode {s['decode_tokens']} tokens · {s['wall_s']:.1f} s")
+    print(
+        f"nodes {len(result.tree)} · prefill {s['prefill_tokens']} · reused {s['reused_tokens']} · "
+        f"decode {s['decode_tokens']} tokens · {s['wall_s']:.1f} s"
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     page = result.tree.to_html(out / "game24_bfs.html", title=f"Game of 24: {args.puzzle}")
@@ -51,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         import matplotlib
 
         matplotlib.use("Agg")
-        ax = result.tree.plot(title=f"Game of 24, {args.puzzle}: BFS breadth {args.breadth}, "
-                                    f"answer {result.answer or '(none)'}")
+        ax = result.tree.plot(
+            title=f"Game of 24, {args.puzzle}: BFS breadth {args.breadth}, answer {result.answer or '(none)'}"
+        )
         Path(args.png).parent.mkdir(parents=True, exist_ok=True)
         ax.figure.savefig(args.png, dpi=110, bbox_inches="tight")
         print(f"wrote {args.png}")

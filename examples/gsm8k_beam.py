@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     print(result.tree.text_view(max_nodes=40, width=110))
     print(f"\nanswer: {result.answer}  gold: {item.answer}  solved: {result.solved}")
     s = result.stats
-    print(f"nodes {len(result.tree)} · prefill {s['prefill_tokens']} · reused {s['reused_tokens']} · "
-          f"decode {s['decode_tokens']} tokens · {s['wall_s']:.1f} s")
+    print(
+        f"nodes {len(result.tree)} · prefill {s['prefill_tokens']} · reused {s['reused_tokens']} · "
+        f"decode {s['decode_tokens']} tokens · {s['wall_s']:.1f} s"
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"wrote {result.tree.to_html(out / 'gsm8k_beam.html', title=f'GSM8K #{args.index}: beam search')}")

@@ -35,7 +35,9 @@ def scores_close(a, b, tol: float = 1e-4) -> bool:
     for x, y in zip(a, b):
         if x[:4] != y[:4]:
             return False
-        if (x[4] is None) != (y[4] is None) or (x[4] is not None and abs(x[4] - y[4]) > tol * max(1.0, abs(x[4]))):
+        if (x[4] is None) != (y[4] is None) or (
+            x[4] is not None and abs(x[4] - y[4]) > tol * max(1.0, abs(x[4]))
+        ):
             return False
     return True
 
@@ -59,36 +61,59 @@ def cmd_game24(args, lm) -> None:
         full, t_full = solve(lm, puzzle, kv_sharing="exact")
         st = full.stats
         ratio = (st["prefill_tokens"] + st["decode_tokens"]) / st["unique_tokens"]
-        unbounded = {"prefill": st["prefill_tokens"], "decode": st["decode_tokens"],
-                     "unique": st["unique_tokens"], "reused": st["reused_tokens"],
-                     "(prefill+decode)/unique": round(ratio, 4), "peak_kv_bytes": st["peak_kv_bytes"],
-                     "wall_s": round(t_full, 1)}
-        print(json.dumps({"puzzle": puzzle, "nodes": len(full.tree), "answer": full.answer, "unbounded": unbounded}),
-              flush=True)
+        unbounded = {
+            "prefill": st["prefill_tokens"],
+            "decode": st["decode_tokens"],
+            "unique": st["unique_tokens"],
+            "reused": st["reused_tokens"],
+            "(prefill+decode)/unique": round(ratio, 4),
+            "peak_kv_bytes": st["peak_kv_bytes"],
+            "wall_s": round(t_full, 1),
+        }
+        print(
+            json.dumps(
+                {"puzzle": puzzle, "nodes": len(full.tree), "answer": full.answer, "unbounded": unbounded}
+            ),
+            flush=True,
+        )
         budget = int(args.fraction * st["peak_kv_bytes"])
         for _ in range(8):  # below what one engine call needs: retry at the minimum the error names
             try:
                 tight, t_tight = solve(lm, puzzle, kv_sharing="exact", cache_budget=budget)
                 break
             except CacheBudgetError as exc:
-                print(json.dumps({"puzzle": puzzle, "budget": {"cache_budget": budget, "error": str(exc)}}),
-                      flush=True)
+                print(
+                    json.dumps({"puzzle": puzzle, "budget": {"cache_budget": budget, "error": str(exc)}}),
+                    flush=True,
+                )
                 budget = int(str(exc).split("at least ")[1].split(" bytes")[0])
         else:
             continue
         tt = tight.stats
         same = scores_close(tree_signature(full.tree), tree_signature(tight.tree))
-        print(json.dumps({
-            "puzzle": puzzle,
-            "budget": {"cache_budget": budget, "fraction_of_peak": round(budget / st["peak_kv_bytes"], 4),
-                       "same_tree": same,
-                       "same_answer": tight.answer == full.answer, "prefill": tt["prefill_tokens"],
-                       "prefill/unbounded": round(tt["prefill_tokens"] / max(1, st["prefill_tokens"]), 4),
-                       "recomputed": tt["recomputed_tokens"],
-                       "recomputed/prefill": round(tt["recomputed_tokens"] / max(1, tt["prefill_tokens"]), 4),
-                       "evicted_blocks": tt["evicted_blocks"], "peak_kv_bytes": tt["peak_kv_bytes"],
-                       "wall_s": round(t_tight, 1)},
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "puzzle": puzzle,
+                    "budget": {
+                        "cache_budget": budget,
+                        "fraction_of_peak": round(budget / st["peak_kv_bytes"], 4),
+                        "same_tree": same,
+                        "same_answer": tight.answer == full.answer,
+                        "prefill": tt["prefill_tokens"],
+                        "prefill/unbounded": round(tt["prefill_tokens"] / max(1, st["prefill_tokens"]), 4),
+                        "recomputed": tt["recomputed_tokens"],
+                        "recomputed/prefill": round(
+                            tt["recomputed_tokens"] / max(1, tt["prefill_tokens"]), 4
+                        ),
+                        "evicted_blocks": tt["evicted_blocks"],
+                        "peak_kv_bytes": tt["peak_kv_bytes"],
+                        "wall_s": round(t_tight, 1),
+                    },
+                }
+            ),
+            flush=True,
+        )
 
 
 def cmd_batch(args, lm) -> None:
@@ -111,25 +136,41 @@ def cmd_batch(args, lm) -> None:
         eng.score([prefix], [" yes", " no"])  # cache the prefix first
         prompts = [prefix + f" Branch {b}: the answer is" for b in range(bsz)]
         gens = eng.generate(prompts, Sampling(max_new_tokens=1 + args.steps))
-        suffix_tokens = sum(len(eng.tokenize(p)) - len(pids) + len(g.token_ids) - 1 for p, g in zip(prompts, gens))
+        suffix_tokens = sum(
+            len(eng.tokenize(p)) - len(pids) + len(g.token_ids) - 1 for p, g in zip(prompts, gens)
+        )
         physical = sum(s.kv.numel() * s.kv.element_size() for s in eng.store.resident_segments())
         ideal = (len(pids) + suffix_tokens) * bpt
         engines[bsz] = (eng, prompts)
-        rows[bsz] = {"B": bsz, "prefix_tokens": len(pids), "suffix_tokens": suffix_tokens, "ideal_bytes": ideal,
-                     "store_tensor_bytes": physical, "store_tensor/ideal": round(physical / ideal, 4),
-                     "store_block_bytes": eng.store.bytes_held,
-                     "store_block/ideal": round(eng.store.bytes_held / ideal, 4),
-                     "peak_with_batch_buffer": eng.store.peak_bytes,
-                     "peak/ideal": round(eng.store.peak_bytes / ideal, 4),
-                     "unshared_would_be": (bsz * len(pids) + suffix_tokens) * bpt}
+        rows[bsz] = {
+            "B": bsz,
+            "prefix_tokens": len(pids),
+            "suffix_tokens": suffix_tokens,
+            "ideal_bytes": ideal,
+            "store_tensor_bytes": physical,
+            "store_tensor/ideal": round(physical / ideal, 4),
+            "store_block_bytes": eng.store.bytes_held,
+            "store_block/ideal": round(eng.store.bytes_held / ideal, 4),
+            "peak_with_batch_buffer": eng.store.peak_bytes,
+            "peak/ideal": round(eng.store.peak_bytes / ideal, 4),
+            "unshared_would_be": (bsz * len(pids) + suffix_tokens) * bpt,
+        }
     steps: dict[int, list[float]] = {bsz: [] for bsz in args.batch}
     for _ in range(args.repeats):
         for bsz in args.batch:  # the prompts are cached now: these calls time decoding only
             steps[bsz] += timed_steps(*engines[bsz], args.steps)
     for bsz in args.batch:
-        print(json.dumps({**rows[bsz], "decode_ms_per_step": round(1000 * statistics.median(steps[bsz]), 1),
-                          "decode_steps_timed": len(steps[bsz]), "torch_threads": torch.get_num_threads()}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    **rows[bsz],
+                    "decode_ms_per_step": round(1000 * statistics.median(steps[bsz]), 1),
+                    "decode_steps_timed": len(steps[bsz]),
+                    "torch_threads": torch.get_num_threads(),
+                }
+            ),
+            flush=True,
+        )
 
 
 def cmd_alloc(args, lm) -> None:
@@ -155,10 +196,17 @@ def cmd_alloc(args, lm) -> None:
                     eng.generate(prompts, Sampling(max_new_tokens=steps))
                 alloc[steps] = sum(ev.cpu_memory_usage for ev in prof.events() if ev.cpu_memory_usage > 0)
             per_step = (alloc[1 + args.steps] - alloc[1]) / args.steps
-            print(json.dumps({"prefix_tokens": len(eng.tokenize(prefix)), "B": bsz,
-                              "allocated_bytes_per_step": int(per_step),
-                              "prefix_copy_would_be": bsz * len(eng.tokenize(prefix)) * lm.kv_bytes_per_token}),
-                  flush=True)
+            print(
+                json.dumps(
+                    {
+                        "prefix_tokens": len(eng.tokenize(prefix)),
+                        "B": bsz,
+                        "allocated_bytes_per_step": int(per_step),
+                        "prefix_copy_would_be": bsz * len(eng.tokenize(prefix)) * lm.kv_bytes_per_token,
+                    }
+                ),
+                flush=True,
+            )
 
 
 def cmd_asks(args, lm) -> None:
@@ -171,8 +219,13 @@ def cmd_asks(args, lm) -> None:
         ex, _ = solve(lm, puzzle, kv_sharing="exact")
         ak, _ = solve(lm, puzzle, kv_sharing="asks", asks_alpha=args.alpha, asks_tau=args.tau)
         a, b = tree_signature(ex.tree), tree_signature(ak.tree)
-        same_nodes = sum(1 for x, y in zip(a, b) if x[:4] == y[:4]
-                         and (x[4] is None) == (y[4] is None) and (x[4] is None or abs(x[4] - y[4]) <= 1e-3))
+        same_nodes = sum(
+            1
+            for x, y in zip(a, b)
+            if x[:4] == y[:4]
+            and (x[4] is None) == (y[4] is None)
+            and (x[4] is None or abs(x[4] - y[4]) <= 1e-3)
+        )
         agree_answer += ex.answer == ak.answer
         agree_nodes += same_nodes
         total_nodes += max(len(a), len(b))
@@ -181,17 +234,36 @@ def cmd_asks(args, lm) -> None:
         tot["asks_reused"] += ak.stats["reused_tokens"]
         tot["asks_extra"] += ak.stats["asks_extra_reused"]
         tot["attached"] += ak.stats["asks_attached"]
-        print(json.dumps({"puzzle": puzzle, "exact_answer": ex.answer, "asks_answer": ak.answer,
-                          "nodes_agree": f"{same_nodes}/{max(len(a), len(b))}",
-                          "asks_attached": ak.stats["asks_attached"], "asks_extra_reused": ak.stats["asks_extra_reused"],
-                          "exact_prefill": ex.stats["prefill_tokens"], "asks_prefill": ak.stats["prefill_tokens"]}),
-              flush=True)
-    print(json.dumps({"alpha": args.alpha, "tau": args.tau, "puzzles": len(puzzles),
-                      "answer_agreement": agree_answer / len(puzzles),
-                      "node_agreement": agree_nodes / max(1, total_nodes),
-                      "extra_reused_over_exact_reused": round(tot["asks_extra"] / max(1, tot["exact_reused"]), 4),
-                      "extra_reused_over_exact_prefill": round(tot["asks_extra"] / max(1, tot["exact_prefill"]), 4),
-                      **tot}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "puzzle": puzzle,
+                    "exact_answer": ex.answer,
+                    "asks_answer": ak.answer,
+                    "nodes_agree": f"{same_nodes}/{max(len(a), len(b))}",
+                    "asks_attached": ak.stats["asks_attached"],
+                    "asks_extra_reused": ak.stats["asks_extra_reused"],
+                    "exact_prefill": ex.stats["prefill_tokens"],
+                    "asks_prefill": ak.stats["prefill_tokens"],
+                }
+            ),
+            flush=True,
+        )
+    print(
+        json.dumps(
+            {
+                "alpha": args.alpha,
+                "tau": args.tau,
+                "puzzles": len(puzzles),
+                "answer_agreement": agree_answer / len(puzzles),
+                "node_agreement": agree_nodes / max(1, total_nodes),
+                "extra_reused_over_exact_reused": round(tot["asks_extra"] / max(1, tot["exact_reused"]), 4),
+                "extra_reused_over_exact_prefill": round(tot["asks_extra"] / max(1, tot["exact_prefill"]), 4),
+                **tot,
+            }
+        ),
+        flush=True,
+    )
 
 
 def stream_rate(reps: int = 7) -> dict:
@@ -219,7 +291,7 @@ def _stream_fns() -> dict:
 
     if not _STREAM:
         w, x = torch.randn(16384, 8192), torch.randn(1, 8192)
-        _STREAM["linear"] = (lambda: torch.nn.functional.linear(x, w))
+        _STREAM["linear"] = lambda: torch.nn.functional.linear(x, w)
         if torch.backends.mkldnn.is_available():
             packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)  # batch-size hint 4: streams faster than 1
             _STREAM["mkldnn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
@@ -260,8 +332,14 @@ def hf_step_ms(lm, ids: list[int], steps: int) -> float:
     model.set_attn_implementation("sdpa")
     try:
         with torch.no_grad():
-            model.generate(torch.tensor([ids]), max_new_tokens=steps + 1, min_new_tokens=steps + 1, do_sample=False,
-                           logits_processor=LogitsProcessorList([Stamp()]), pad_token_id=lm.tokenizer.pad_token_id)
+            model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=steps + 1,
+                min_new_tokens=steps + 1,
+                do_sample=False,
+                logits_processor=LogitsProcessorList([Stamp()]),
+                pad_token_id=lm.tokenizer.pad_token_id,
+            )
     finally:
         model.set_attn_implementation(impl)
     return 1000 * statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
@@ -347,12 +425,22 @@ def cmd_decode(args, lm) -> None:
     try:
         from treesearch.engine.decoder import qualifies
     except ImportError:  # a checkout from before the fast path: the layer path only
+
         def qualifies(model) -> bool:
             return False
 
     wbytes = weight_bytes(lm)
-    print(json.dumps({"weight_bytes": wbytes, "torch_threads": torch.get_num_threads(),
-                      "fast_path": qualifies(lm.model), "rounds": args.repeats}), flush=True)
+    print(
+        json.dumps(
+            {
+                "weight_bytes": wbytes,
+                "torch_threads": torch.get_num_threads(),
+                "fast_path": qualifies(lm.model),
+                "rounds": args.repeats,
+            }
+        ),
+        flush=True,
+    )
     words = " alpha beta gamma delta river stone cloud green quiet table".split()
     paths = ["layers", "fast"] if qualifies(lm.model) else ["layers"]
     best, b1, bmax = paths[-1], args.batches[0], args.batches[-1]
@@ -365,7 +453,11 @@ def cmd_decode(args, lm) -> None:
         for _ in range(args.repeats):
             rates = stream_rate()
             rate = max(rates.values())  # GB/s
-            r = {"limit": wbytes / rate / 1e6, "limit_kv": (wbytes + kv_bytes) / rate / 1e6, "stream_GBps": rate}
+            r = {
+                "limit": wbytes / rate / 1e6,
+                "limit_kv": (wbytes + kv_bytes) / rate / 1e6,
+                "stream_GBps": rate,
+            }
             if "fast" in paths:
                 r[f"products_B{b1}"] = products_ms(lm, b1)
             for path in paths:
@@ -375,22 +467,38 @@ def cmd_decode(args, lm) -> None:
             rounds.append(r)
         med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
         row: dict = {"context": ctx}
-        row.update({f"{k}_ms": round(v, 1) for k, v in med.items()
-                    if k not in ("limit", "limit_kv", "hf", "stream_GBps")})
+        row.update(
+            {
+                f"{k}_ms": round(v, 1)
+                for k, v in med.items()
+                if k not in ("limit", "limit_kv", "hf", "stream_GBps")
+            }
+        )
         row["hf_generate_B1_ms"] = round(med["hf"], 1)
         row["stream_GBps"] = round(med["stream_GBps"], 1)
         row["limit_ms"] = round(med["limit"], 1)
-        row["limit_ms_range"] = [round(min(r["limit"] for r in rounds), 1), round(max(r["limit"] for r in rounds), 1)]
+        row["limit_ms_range"] = [
+            round(min(r["limit"] for r in rounds), 1),
+            round(max(r["limit"] for r in rounds), 1),
+        ]
         row["kv_bytes_B1"] = kv_bytes
         row["limit_with_kv_ms"] = round(med["limit_kv"], 1)
-        ratio = {f"{best}_B{b1}/limit": (f"{best}_B{b1}", "limit"),
-                 f"{best}_B{b1}/limit_with_kv": (f"{best}_B{b1}", "limit_kv"),
-                 f"{best}_B{b1}/hf": (f"{best}_B{b1}", "hf"),
-                 f"{best}_B{bmax}/B{b1}": (f"{best}_B{bmax}", f"{best}_B{b1}")}
+        ratio = {
+            f"{best}_B{b1}/limit": (f"{best}_B{b1}", "limit"),
+            f"{best}_B{b1}/limit_with_kv": (f"{best}_B{b1}", "limit_kv"),
+            f"{best}_B{b1}/hf": (f"{best}_B{b1}", "hf"),
+            f"{best}_B{bmax}/B{b1}": (f"{best}_B{bmax}", f"{best}_B{b1}"),
+        }
         if "fast" in paths:  # the step's own weight streaming against the limit, and the rest of the step
-            ratio.update({f"products_B{b1}/limit": (f"products_B{b1}", "limit"),
-                          f"fast_B{b1}/products": (f"fast_B{b1}", f"products_B{b1}")})
-        row.update({k: round(statistics.median(r[a] / r[b] for r in rounds), 2) for k, (a, b) in ratio.items()})
+            ratio.update(
+                {
+                    f"products_B{b1}/limit": (f"products_B{b1}", "limit"),
+                    f"fast_B{b1}/products": (f"fast_B{b1}", f"products_B{b1}"),
+                }
+            )
+        row.update(
+            {k: round(statistics.median(r[a] / r[b] for r in rounds), 2) for k, (a, b) in ratio.items()}
+        )
         print(json.dumps(row), flush=True)
 
 
@@ -429,7 +537,9 @@ def cmd_compile(args, lm) -> None:
     for layer in base.layers:  # the same weights the packed step uses (the norm's folded into gate/up)
         mlp = layer.mlp
         gu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]) * layer.post_attention_layernorm.weight
-        weights.append(tuple(t.detach().contiguous() for t in (layer.self_attn.o_proj.weight, gu, mlp.down_proj.weight)))
+        weights.append(
+            tuple(t.detach().contiguous() for t in (layer.self_attn.o_proj.weight, gu, mlp.down_proj.weight))
+        )
     torch._dynamo.config.recompile_limit = 4 * len(weights)  # one frozen graph per layer (and B)
     torch._dynamo.config.accumulated_recompile_limit = 16 * len(weights)
     plain_c = torch.compile(plain, dynamic=False)
@@ -453,7 +563,11 @@ def cmd_compile(args, lm) -> None:
                 t0 = time.perf_counter()
                 run_all(way, attn, x)
                 row[f"{way}_first_call_s"] = round(time.perf_counter() - t0, 1)
-                got = plain_c(attn, x, *weights[0], dec.layers[0].inter) if way == "inputs" else frozen_c[0](attn, x)
+                got = (
+                    plain_c(attn, x, *weights[0], dec.layers[0].inter)
+                    if way == "inputs"
+                    else frozen_c[0](attn, x)
+                )
                 row[f"{way}_max_diff"] = float((got - ref).abs().max())
             times: dict[str, list[float]] = {w: [] for w in ("eager", "inputs", "frozen")}
             for _ in range(args.repeats * 10):  # interleaved rounds, so machine load hits all alike
@@ -463,7 +577,9 @@ def cmd_compile(args, lm) -> None:
                     times[way].append(time.perf_counter() - t0)
             for way, ts in times.items():
                 row[f"{way}_ms"] = round(1000 * statistics.median(ts), 2)
-            row.update({f"{w}/eager": round(row[f"{w}_ms"] / row["eager_ms"], 2) for w in ("inputs", "frozen")})
+            row.update(
+                {f"{w}/eager": round(row[f"{w}_ms"] / row["eager_ms"], 2) for w in ("inputs", "frozen")}
+            )
             print(json.dumps(row), flush=True)
 
 
@@ -482,7 +598,13 @@ def main(argv=None) -> None:
     ap.add_argument("--alpha", type=float, default=None)
     ap.add_argument("--tau", type=float, default=None)
     ap.add_argument("--device", default=None)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16], help="decode: batch sizes (first and last compared)")
+    ap.add_argument(
+        "--batches",
+        type=int,
+        nargs="+",
+        default=[1, 4, 16],
+        help="decode: batch sizes (first and last compared)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args(argv)
     from treesearch.common.config import RKSCConfig
@@ -496,8 +618,14 @@ def main(argv=None) -> None:
 
         torch.set_num_threads(args.threads)
     lm = load_model("tiny" if args.tiny else None, device=args.device)
-    {"game24": cmd_game24, "batch": cmd_batch, "alloc": cmd_alloc, "asks": cmd_asks,
-     "decode": cmd_decode, "compile": cmd_compile}[args.what](args, lm)
+    {
+        "game24": cmd_game24,
+        "batch": cmd_batch,
+        "alloc": cmd_alloc,
+        "asks": cmd_asks,
+        "decode": cmd_decode,
+        "compile": cmd_compile,
+    }[args.what](args, lm)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ def execute(path: Path, *, cell_timeout: int = 1800) -> tuple[nbformat.NotebookN
     """Execute a notebook in a scratch folder; returns the notebook with outputs and the seconds taken."""
     book = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory() as scratch:
-        client = NotebookClient(book, timeout=cell_timeout, kernel_name="python3",
-                                resources={"metadata": {"path": scratch}})
+        client = NotebookClient(
+            book, timeout=cell_timeout, kernel_name="python3", resources={"metadata": {"path": scratch}}
+        )
         t0 = time.perf_counter()
         client.execute()
         return book, time.perf_counter() - t0

@@ -32,15 +32,35 @@ def _beam(a: argparse.Namespace) -> Beam:
 
 
 def _mcts(a: argparse.Namespace) -> MCTS:
-    return MCTS(iterations=_given(a.iterations, MCTS.iterations), exploration=_given(a.exploration, MCTS.exploration),
-                max_depth=a.depth, seed=a.seed)
+    return MCTS(
+        iterations=_given(a.iterations, MCTS.iterations),
+        exploration=_given(a.exploration, MCTS.exploration),
+        max_depth=a.depth,
+        seed=a.seed,
+    )
 
 
 def _dfs(a: argparse.Namespace) -> DFS:
     return DFS(threshold=a.threshold, max_states=_given(a.max_states, DFS.max_states), max_depth=a.depth)
 
 
-FROM_CLI: dict[str, Callable[[argparse.Namespace], Strategy]] = {"bfs": _bfs, "beam": _beam, "mcts": _mcts, "dfs": _dfs}
+FROM_CLI: dict[str, Callable[[argparse.Namespace], Strategy]] = {
+    "bfs": _bfs,
+    "beam": _beam,
+    "mcts": _mcts,
+    "dfs": _dfs,
+}
 
-__all__ = ["BFS", "Beam", "DFS", "FROM_CLI", "MCTS", "Strategy", "best_by_score", "depth_limit", "evaluate_once",
-           "expand_once", "is_expanded"]
+__all__ = [
+    "BFS",
+    "Beam",
+    "DFS",
+    "FROM_CLI",
+    "MCTS",
+    "Strategy",
+    "best_by_score",
+    "depth_limit",
+    "evaluate_once",
+    "expand_once",
+    "is_expanded",
+]

@@ -62,10 +62,14 @@ class MCTS:
         if self.iterations < 1:
             raise ConfigError(f"iterations={self.iterations}; use at least 1")
         if not self.exploration >= 0:
-            raise ConfigError(f"exploration={self.exploration}; use a constant >= 0 (about 1 for values in [0, 1])")
-        for name, value, allowed in (("evaluation", self.evaluation, ("value", "rollout")),
-                                     ("rollout_policy", self.rollout_policy, ("first", "random")),
-                                     ("answer", self.answer, ("visits", "value"))):
+            raise ConfigError(
+                f"exploration={self.exploration}; use a constant >= 0 (about 1 for values in [0, 1])"
+            )
+        for name, value, allowed in (
+            ("evaluation", self.evaluation, ("value", "rollout")),
+            ("rollout_policy", self.rollout_policy, ("first", "random")),
+            ("answer", self.answer, ("visits", "value")),
+        ):
             if value not in allowed:
                 raise ConfigError(f"{name}={value!r}; use one of {', '.join(allowed)}")
 

@@ -40,10 +40,19 @@ class TableProblem(Problem):
     name = "table"
     labels = None
 
-    def __init__(self, children: Mapping[str, list[str]], values: Mapping[str, float], *,
-                 terminal: Iterable[str] = (), solved: Iterable[str] = (), priors: Mapping[str, float] | None = None,
-                 max_depth: int = 3, value_range: tuple[float, float] = (0.0, 1.0), samples_per_expand: int = 1,
-                 max_new_tokens: int = 1) -> None:
+    def __init__(
+        self,
+        children: Mapping[str, list[str]],
+        values: Mapping[str, float],
+        *,
+        terminal: Iterable[str] = (),
+        solved: Iterable[str] = (),
+        priors: Mapping[str, float] | None = None,
+        max_depth: int = 3,
+        value_range: tuple[float, float] = (0.0, 1.0),
+        samples_per_expand: int = 1,
+        max_new_tokens: int = 1,
+    ) -> None:
         self.children = {k: list(v) for k, v in children.items()}
         self.values = dict(values)
         self.terminal = set(terminal)
@@ -55,8 +64,16 @@ class TableProblem(Problem):
         self.sampling = Sampling(max_new_tokens=max_new_tokens)
 
     @classmethod
-    def random(cls, seed: int, *, branching: int = 3, depth: int = 3, solved_share: float = 0.2,
-               priors: bool = False, **kwargs) -> "TableProblem":
+    def random(
+        cls,
+        seed: int,
+        *,
+        branching: int = 3,
+        depth: int = 3,
+        solved_share: float = 0.2,
+        priors: bool = False,
+        **kwargs,
+    ) -> TableProblem:
         """A full tree of the given branching and depth; leaves at `depth` are terminal; values
         (two decimals) and priors drawn from Random(seed), a share of the leaves solved."""
         rng = random.Random(seed)
@@ -77,8 +94,15 @@ class TableProblem(Problem):
         solved = {s for s in level if rng.random() < solved_share}
         for s in solved:
             values[s] = 1.0
-        return cls(children, values, terminal=level, solved=solved, priors=prior if priors else None,
-                   max_depth=depth, **kwargs)
+        return cls(
+            children,
+            values,
+            terminal=level,
+            solved=solved,
+            priors=prior if priors else None,
+            max_depth=depth,
+            **kwargs,
+        )
 
     def initial_state(self, x: object) -> str:
         return str(x)
@@ -151,8 +175,9 @@ class TableOps:
 
     def solve(self, x: object) -> TableResult:
         self.tree = ThoughtTree()
-        self.tree.meta.update(problem=self.problem.name, input=str(x), seed=self.seed,
-                              strategy=type(self.strategy).__name__)
+        self.tree.meta.update(
+            problem=self.problem.name, input=str(x), seed=self.seed, strategy=type(self.strategy).__name__
+        )
         root = self.tree.add_root(self.problem.initial_state(x))
         d = self.tree.node(root)
         d["terminal"], d["solved"] = self._flags(d["state"])
@@ -208,8 +233,10 @@ class TableOps:
             state = tree.node(n)["state"]
             v = p.value(state)
             if v is None:
-                raise ProblemDefinitionError(f"{type(p).__name__}.value() gave None for {state!r:.60}; "
-                                             "TableOps has no model: give every state a programmatic value")
+                raise ProblemDefinitionError(
+                    f"{type(p).__name__}.value() gave None for {state!r:.60}; "
+                    "TableOps has no model: give every state a programmatic value"
+                )
             values[n] = check_value(p, v, state)
         for n in nodes:
             tree.node(n)["score"] = values[n]

@@ -23,8 +23,10 @@ def _refuse(*a, **k):
 
 
 GAME = game24.Game24()
-STATES = [GAME.initial_state((4, 5, 6, 10)),
-          game24.Game24State(puzzle=(4, 5, 6, 10), numbers=(Fraction(24),), steps=("x",))]
+STATES = [
+    GAME.initial_state((4, 5, 6, 10)),
+    game24.Game24State(puzzle=(4, 5, 6, 10), numbers=(Fraction(24),), steps=("x",)),
+]
 MATH = gsm8k.GSM8K()
 QUESTION = MATH.initial_state({"question": "How many?", "answer": "#### 42"})
 

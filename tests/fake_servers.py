@@ -63,7 +63,9 @@ class ScriptedServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
 
     def posts(self, path: str = "/v1/completions") -> list[dict]:
@@ -73,24 +75,44 @@ class ScriptedServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def __enter__(self) -> "ScriptedServer":
+    def __enter__(self) -> ScriptedServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def completion(texts: list[str], *, prompt_tokens: int = 10, completion_tokens: int | None = None,
-               cached: int | None = None, top: dict[str, float] | None = None) -> dict:
+def completion(
+    texts: list[str],
+    *,
+    prompt_tokens: int = 10,
+    completion_tokens: int | None = None,
+    cached: int | None = None,
+    top: dict[str, float] | None = None,
+) -> dict:
     """A /v1/completions answer: one choice per text, each token a character, logprob -0.1 each."""
     choices = []
     for i, text in enumerate(texts):
         tokens = list(text) or [""]
-        choices.append({"index": i, "text": text, "finish_reason": "stop", "logprobs": {
-            "tokens": tokens, "token_logprobs": [-0.1] * len(tokens), "text_offset": list(range(len(tokens))),
-            "top_logprobs": [dict(top) if top is not None else {t: -0.1} for t in tokens]}})
-    usage = {"prompt_tokens": prompt_tokens,
-             "completion_tokens": completion_tokens if completion_tokens is not None else sum(len(t) for t in texts)}
+        choices.append(
+            {
+                "index": i,
+                "text": text,
+                "finish_reason": "stop",
+                "logprobs": {
+                    "tokens": tokens,
+                    "token_logprobs": [-0.1] * len(tokens),
+                    "text_offset": list(range(len(tokens))),
+                    "top_logprobs": [dict(top) if top is not None else {t: -0.1} for t in tokens],
+                },
+            }
+        )
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens
+        if completion_tokens is not None
+        else sum(len(t) for t in texts),
+    }
     if cached is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
     return {"object": "text_completion", "choices": choices, "usage": usage}

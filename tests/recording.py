@@ -4,9 +4,8 @@ the batches a strategy hands to `expand` and `evaluate` (`strategies.testing` ha
 
 from __future__ import annotations
 
-from treesearch.search.searcher import Searcher
-
 from strategies.testing import Recording
+from treesearch.search.searcher import Searcher
 
 
 class RecordingSearcher(Recording, Searcher):

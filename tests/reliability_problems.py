@@ -25,9 +25,19 @@ class Words(Problem):
     labels = {" yes": 1.0, " no": 0.0}
     value_range = (0.0, 1.0)
 
-    def __init__(self, *, width: int = 3, depth: int = 3, max_new_tokens: int = 6, lm_value: bool = True,
-                 chain: bool = False, pad: int = 0, value_pad: int = 0, samples: int = 1,
-                 temperature: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        width: int = 3,
+        depth: int = 3,
+        max_new_tokens: int = 6,
+        lm_value: bool = True,
+        chain: bool = False,
+        pad: int = 0,
+        value_pad: int = 0,
+        samples: int = 1,
+        temperature: float = 0.0,
+    ) -> None:
         self.width, self.max_depth, self.lm_value, self.chain = width, depth, lm_value, chain
         self.pad, self.value_pad = pad, value_pad
         self.samples_per_expand = samples
@@ -51,7 +61,9 @@ class Words(Problem):
         return out
 
     def value_prompt(self, state: tuple) -> str:
-        return f"Is '{' '.join(state[1:])}' right?" + " pad" * (self.value_pad * (len(state) - 1)) + " Answer:"
+        return (
+            f"Is '{' '.join(state[1:])}' right?" + " pad" * (self.value_pad * (len(state) - 1)) + " Answer:"
+        )
 
     def value(self, state: tuple) -> float | None:
         if self.lm_value:

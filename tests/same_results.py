@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from strategies import BFS, DFS, MCTS, Beam, evaluate_once, expand_once
 
+
 class FirstChild:
     """A user's own strategy: always follow the first child, two levels down."""
 
@@ -33,8 +34,10 @@ COUNTED = ("decode_tokens", "generated_tokens", "unique_tokens", "verify_calls",
 def signature(result):
     """Every node's id, parent, thought, state, status and score (rounded; compared within 1e-4 below)."""
     tree = result.tree
-    return [(n, tree.parent(n), tree.node(n)["thought"], tree.node(n)["state"], tree.node(n)["status"])
-            for n in sorted(tree.graph)]
+    return [
+        (n, tree.parent(n), tree.node(n)["thought"], tree.node(n)["state"], tree.node(n)["status"])
+        for n in sorted(tree.graph)
+    ]
 
 
 def assert_same(alone, many):

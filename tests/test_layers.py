@@ -64,7 +64,11 @@ def _imports(path: Path) -> list[tuple[str, list[str], int]]:
             if target.split(".")[0] in ("treesearch", "strategies"):
                 out.append((target, [a.name for a in node.names], node.lineno))
         elif isinstance(node, ast.Import):
-            out += [(a.name, [], node.lineno) for a in node.names if a.name.split(".")[0] in ("treesearch", "strategies")]
+            out += [
+                (a.name, [], node.lineno)
+                for a in node.names
+                if a.name.split(".")[0] in ("treesearch", "strategies")
+            ]
     return out
 
 
@@ -103,8 +107,11 @@ def test_every_package_has_a_layer():
 
 
 def test_the_top_level_holds_few_entries():
-    entries = sorted(p.name for p in (ROOT / "treesearch").iterdir()
-                     if p.name not in ("__init__.py", "__main__.py", "py.typed", "__pycache__"))
+    entries = sorted(
+        p.name
+        for p in (ROOT / "treesearch").iterdir()
+        if p.name not in ("__init__.py", "__main__.py", "py.typed", "__pycache__")
+    )
     assert len(entries) <= 14, entries
 
 
@@ -124,25 +131,36 @@ def test_no_import_circles():
 
 
 def test_strategies_reach_no_model_tokenizer_or_cache():
-    wrong = [f"{a} imports {b}" for a, b in _graph().edges() if a.startswith("strategies")
-             and _package(b) in STRATEGY_FORBIDDEN]
+    wrong = [
+        f"{a} imports {b}"
+        for a, b in _graph().edges()
+        if a.startswith("strategies") and _package(b) in STRATEGY_FORBIDDEN
+    ]
     assert wrong == []
 
 
 def test_the_store_and_attention_know_nothing_above_them():
-    deps = {m: {_package(b) + "." + b.rpartition(".")[2] for _, b in _graph().out_edges(f"treesearch.{m}")}
-            for m in ("cache.kvstore", "cache.attention", "engine.tokens", "engine.forward", "cache.manager")}
+    deps = {
+        m: {_package(b) + "." + b.rpartition(".")[2] for _, b in _graph().out_edges(f"treesearch.{m}")}
+        for m in ("cache.kvstore", "cache.attention", "engine.tokens", "engine.forward", "cache.manager")
+    }
     assert deps["cache.kvstore"] <= {"common.errors", "policies.rsbcm"}  # rsbcm: the default LRU key
     assert deps["cache.attention"] == set()
     assert deps["engine.tokens"] <= {"common.errors"}
-    assert not {d.partition(".")[0] for d in deps["engine.forward"]} & {"cache", "search", "core"} - {"cache"} \
-        and not deps["engine.forward"] & {"cache.kvstore", "cache.manager", "engine.local", "policies.asks"}
+    assert not {d.partition(".")[0] for d in deps["engine.forward"]} & {"cache", "search", "core"} - {
+        "cache"
+    } and not deps["engine.forward"] & {"cache.kvstore", "cache.manager", "engine.local", "policies.asks"}
     assert not {d.partition(".")[0] for d in deps["cache.manager"]} & {"engine", "search", "core", "models"}
 
 
 def test_no_private_name_is_imported_across_modules():
-    wrong = [f"{p.relative_to(ROOT)}:{line} imports {n} from {t}" for p in _modules()
-             for t, names, line in _imports(p) for n in names if n.startswith("_") and n != "__version__"]
+    wrong = [
+        f"{p.relative_to(ROOT)}:{line} imports {n} from {t}"
+        for p in _modules()
+        for t, names, line in _imports(p)
+        for n in names
+        if n.startswith("_") and n != "__version__"
+    ]
     assert wrong == []
 
 
@@ -150,15 +168,20 @@ def test_no_private_name_is_imported_across_modules():
 def test_no_package_file_is_over_450_lines_nor_a_class_over_300(path):
     source = path.read_text()
     assert len(source.splitlines()) <= 450
-    big = [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(ast.parse(source))
-           if isinstance(n, ast.ClassDef) and n.end_lineno - n.lineno + 1 > 300]
+    big = [
+        (n.name, n.end_lineno - n.lineno + 1)
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.ClassDef) and n.end_lineno - n.lineno + 1 > 300
+    ]
     assert big == []
 
 
 def test_importing_the_search_api_loads_neither_strategies_nor_torch_nor_ray():
-    code = ("import sys, treesearch\n"
-            "from treesearch import RKSCConfig, Sampling, Searcher, Problem, ThoughtTree, SearchResult, ServerEngine\n"
-            "import treesearch.runs.distributed, treesearch.cli.run, treesearch.cli.main\n"
-            "print(sorted(m for m in ('strategies', 'torch', 'transformers', 'ray') if m in sys.modules))")
+    code = (
+        "import sys, treesearch\n"
+        "from treesearch import RKSCConfig, Sampling, Searcher, Problem, ThoughtTree, SearchResult, ServerEngine\n"
+        "import treesearch.runs.distributed, treesearch.cli.run, treesearch.cli.main\n"
+        "print(sorted(m for m in ('strategies', 'torch', 'transformers', 'ray') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"

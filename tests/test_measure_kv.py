@@ -14,25 +14,44 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*argv: str) -> list[dict]:
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "measure_kv.py"), *argv, "--tiny", "--threads", "1"],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "measure_kv.py"), *argv, "--tiny", "--threads", "1"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
 def test_decode_mode_prints_every_path_batch_and_the_limit_for_each_context():
-    head, *rows = run("decode", "--prefixes", "8", "40", "--batches", "1", "3", "--steps", "3", "--repeats", "2")
+    head, *rows = run(
+        "decode", "--prefixes", "8", "40", "--batches", "1", "3", "--steps", "3", "--repeats", "2"
+    )
     assert head["fast_path"] is True and head["rounds"] == 2 and head["weight_bytes"] > 0
     assert [r["context"] for r in rows] == [8, 40]
     for r in rows:
-        for key in ("layers_B1_ms", "layers_B3_ms", "fast_B1_ms", "fast_B3_ms", "hf_generate_B1_ms", "limit_ms",
-                    "products_B1_ms"):
+        for key in (
+            "layers_B1_ms",
+            "layers_B3_ms",
+            "fast_B1_ms",
+            "fast_B3_ms",
+            "hf_generate_B1_ms",
+            "limit_ms",
+            "products_B1_ms",
+        ):
             assert r[key] > 0, key
         lo, hi = r["limit_ms_range"]
         assert lo <= r["limit_ms"] <= hi
         assert r["limit_with_kv_ms"] >= r["limit_ms"] and r["kv_bytes_B1"] > 0
-        assert {"fast_B1/limit", "fast_B1/limit_with_kv", "fast_B1/hf", "fast_B3/B1", "products_B1/limit",
-                "fast_B1/products"} <= set(r)
+        assert {
+            "fast_B1/limit",
+            "fast_B1/limit_with_kv",
+            "fast_B1/hf",
+            "fast_B3/B1",
+            "products_B1/limit",
+            "fast_B1/products",
+        } <= set(r)
 
 
 def test_compile_mode_compares_inductor_with_the_eager_step_on_equal_outputs():

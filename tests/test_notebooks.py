@@ -21,21 +21,32 @@ CELL_TIMEOUT = 600  # seconds per cell: a bound, not a speed test
 def run(name: str):
     book = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     with tempfile.TemporaryDirectory() as scratch:
-        nbclient.NotebookClient(book, timeout=CELL_TIMEOUT, kernel_name="python3",
-                                resources={"metadata": {"path": scratch}}).execute()
+        nbclient.NotebookClient(
+            book, timeout=CELL_TIMEOUT, kernel_name="python3", resources={"metadata": {"path": scratch}}
+        ).execute()
         written = sorted(p.name for p in Path(scratch).iterdir())
     assert "TqdmWarning" not in stream(book)  # ipywidgets (the test extra) gives tqdm its notebook bars
     return book, written
 
 
 def outputs(book, mime: str) -> list[str]:
-    return [o["data"][mime] for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])
-            if mime in o.get("data", {})]
+    return [
+        o["data"][mime]
+        for c in book.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if mime in o.get("data", {})
+    ]
 
 
 def stream(book) -> str:
-    return "".join(o.get("text", "") for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])
-                   if o.get("output_type") == "stream")
+    return "".join(
+        o.get("text", "")
+        for c in book.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "stream"
+    )
 
 
 def tree_views(book) -> list[tuple[int, int]]:

@@ -42,8 +42,13 @@ def marked_tree() -> ThoughtTree:
     t.node(3)["cgee"] = "full"
     t.node(6).update(visits=3, value_sum=1.5)
     t.graph.edges[0, 3]["asks"] = 0.99
-    chains = {1: [[1, 10], [2, 5]], 2: [[1, 10], [3, 5]], 3: [[1, 10], [3, 5]],
-              4: [[1, 10], [2, 5], [4, 6]], 5: [[1, 10], [2, 5], [5, 6]]}
+    chains = {
+        1: [[1, 10], [2, 5]],
+        2: [[1, 10], [3, 5]],
+        3: [[1, 10], [3, 5]],
+        4: [[1, 10], [2, 5], [4, 6]],
+        5: [[1, 10], [2, 5], [5, 6]],
+    }
     for n, c in chains.items():
         t.node(n)["kv_chain"] = c
     return t

@@ -17,17 +17,19 @@ pytest.importorskip("httpx", reason="the server backend needs httpx: pip install
 from fake_servers import HangingServer, ScriptedServer, always, completion, models, refused_url  # noqa: E402
 
 from treesearch import RKSCConfig, Sampling, Searcher  # noqa: E402
-from treesearch.common.errors import ConfigError, ServerContextError, ServerError  # noqa: E402
-from treesearch.backends.server import ServerEngine, label_probs, token_char_offsets  # noqa: E402
 from treesearch.backends.http import root_url  # noqa: E402
+from treesearch.backends.server import ServerEngine, label_probs, token_char_offsets  # noqa: E402
+from treesearch.common.errors import ConfigError, ServerContextError, ServerError  # noqa: E402
 
 
 def fake(answer_text: str = "x", **kw):
     """A scripted server: /v1/models lists one vLLM model, completions answer `answer_text` n times."""
+
     def answer(path, body):
         if path == "/v1/models":
             return 200, models()
         return 200, completion([answer_text], **kw)
+
     return ScriptedServer(answer)
 
 
@@ -47,13 +49,16 @@ def game24_answer(fail_after: int | None = None):
         if body["max_tokens"] == 1:
             return 200, completion([" sure"], top={" sure": -0.1, " likely": -3.0}, completion_tokens=1)
         return 200, completion(["4 + 5 = 9 (left: 6 9 10)\n6 * 10 = 60 (left: 4 5 60)"])
+
     return answer
 
 
 # -- pure pieces ----------------------------------------------------------------------------------------
 def test_label_probs_floor_for_labels_missing_from_top_k():
     top = {" sure": math.log(0.5), " maybe": math.log(0.3), " no": math.log(0.01)}
-    raw, floored = label_probs(top, [" sure", " likely", " impossible"], [" sure", " likely", " impossible"], 1e-6)
+    raw, floored = label_probs(
+        top, [" sure", " likely", " impossible"], [" sure", " likely", " impossible"], 1e-6
+    )
     assert raw == {" sure": pytest.approx(0.5), " likely": 1e-6, " impossible": 1e-6}
     assert floored == 2
 
@@ -78,8 +83,14 @@ def test_token_offsets_without_text_offset_use_token_lengths_and_clip_stop_token
     assert token_char_offsets("ab cd", ["ab", " cd", "\n\n"], None) == [(0, 2), (2, 5), (5, 5)]
 
 
-@pytest.mark.parametrize("url, root", [("http://h:8000/v1", "http://h:8000"), ("http://h:8000/v1/", "http://h:8000"),
-                                       ("http://h:8000", "http://h:8000")])
+@pytest.mark.parametrize(
+    "url, root",
+    [
+        ("http://h:8000/v1", "http://h:8000"),
+        ("http://h:8000/v1/", "http://h:8000"),
+        ("http://h:8000", "http://h:8000"),
+    ],
+)
 def test_root_url_accepts_root_or_v1(url, root):
     assert root_url(url) == root
 
@@ -88,7 +99,9 @@ def test_root_url_accepts_root_or_v1(url, root):
 def test_greedy_copies_of_a_prompt_are_one_request():
     with fake("42") as srv:
         eng = ServerEngine(srv.url, "fake-model")
-        gens = eng.generate(["p", "p", "p", "q"], Sampling(max_new_tokens=5, stop=("\n",)), seeds=[1, 2, 3, 4])
+        gens = eng.generate(
+            ["p", "p", "p", "q"], Sampling(max_new_tokens=5, stop=("\n",)), seeds=[1, 2, 3, 4]
+        )
         sent = sorted(srv.posts(), key=lambda b: b["prompt"])
         eng.close()
     assert [g.text for g in gens] == ["42"] * 4 and gens[0] is not gens[1]
@@ -110,6 +123,7 @@ def test_sampled_rows_are_separate_requests_with_their_own_seeds():
 def test_llama_cpp_servers_get_neutral_sampling_and_extra_body_wins():
     def answer(path, body):
         return (200, models("llamacpp")) if path == "/v1/models" else (200, completion(["x"]))
+
     with ScriptedServer(answer) as srv:
         eng = ServerEngine(srv.url, "fake-model", extra_body={"top_k": 5})
         eng.generate(["p"], Sampling())
@@ -143,7 +157,13 @@ def test_usage_maps_onto_prefill_reused_and_decode_tokens():
         gen = eng.generate(["p"], Sampling())[0]
         eng.close()
     s = eng.stats
-    assert (s.prefill_tokens, s.reused_tokens, s.decode_tokens, s.generated_tokens, s.model_calls) == (36, 64, 2, 3, 1)
+    assert (s.prefill_tokens, s.reused_tokens, s.decode_tokens, s.generated_tokens, s.model_calls) == (
+        36,
+        64,
+        2,
+        3,
+        1,
+    )
     assert (gen.prompt_tokens, gen.reused_tokens) == (100, 64)
 
 
@@ -156,6 +176,7 @@ def test_score_reads_top_logprobs_and_counts_floor_hits():
         if path == "/tokenize":
             return 200, {"tokens": [7] if body["prompt"] else []}  # every label is one token
         return 200, completion([" yes"], top=top, completion_tokens=1)
+
     with ScriptedServer(answer) as srv:
         eng = ServerEngine(srv.url, "fake-model", top_logprobs=5)
         s1, s2 = eng.score(["a", "b"], [" yes", " no", " perhaps"])
@@ -178,6 +199,7 @@ def test_multi_token_label_is_matched_by_its_first_token_text():
             text = body["prompt"]
             return 200, {"tokens": pieces.get(text, [1, 2, 3])}
         return 200, completion([" im"], top={" im": math.log(0.5), " sure": math.log(0.5)})
+
     with ScriptedServer(answer) as srv:
         eng = ServerEngine(srv.url, "fake-model")
         assert eng.label_key(" impossible") == " im"
@@ -189,6 +211,7 @@ def test_multi_token_label_is_matched_by_its_first_token_text():
 def test_requests_of_one_call_go_out_concurrently():
     def answer(path, body):
         return (200, models()) if path == "/v1/models" else (200, completion(["x"]))
+
     srv = ScriptedServer(answer, delay=0.2)
     try:
         eng = ServerEngine(srv.url, "fake-model", max_concurrency=3)
@@ -219,6 +242,7 @@ def test_tokenize_strips_a_bos_the_endpoint_always_adds():
         if path == "/extras/tokenize":
             return 200, {"tokens": [1] + [ord(c) for c in body["input"]]}
         return 404, {"detail": "Not Found"}
+
     with ScriptedServer(answer) as srv:
         eng = ServerEngine(srv.url, "m")
         assert eng.tokenize("ab") == [97, 98]
@@ -277,7 +301,6 @@ def test_a_prompt_too_long_for_the_server_raises_a_context_error():
 
 def test_the_partial_search_survives_a_server_failure():
     from strategies import BFS
-
     from treesearch.tasks.game24 import Game24
 
     with ScriptedServer(game24_answer(fail_after=2)) as srv:
@@ -318,8 +341,22 @@ def test_solve_runs_against_a_server_with_the_key_from_the_environment(monkeypat
 
     monkeypatch.setenv("TREESEARCH_API_KEY", "sk-env")
     with ScriptedServer(game24_answer()) as srv:
-        rc = main(["solve", "game24", "4 5 6 10", "--backend", "server", "--base-url", srv.url, "--breadth", "1",
-                   "--depth", "1", "--no-progress"])
+        rc = main(
+            [
+                "solve",
+                "game24",
+                "4 5 6 10",
+                "--backend",
+                "server",
+                "--base-url",
+                srv.url,
+                "--breadth",
+                "1",
+                "--depth",
+                "1",
+                "--no-progress",
+            ]
+        )
         headers = [h for _, _, _, h in srv.requests]
     assert rc == 0 and "(left: 6 9 10)" in capsys.readouterr().out
     assert all(h.get("Authorization") == "Bearer sk-env" for h in headers)
@@ -328,8 +365,20 @@ def test_solve_runs_against_a_server_with_the_key_from_the_environment(monkeypat
 def test_solve_with_an_unreachable_server_says_so_in_one_line(capsys):
     from treesearch.cli.main import main
 
-    rc = main(["solve", "game24", "4 5 6 10", "--backend", "server", "--base-url", refused_url(),
-               "--server-retries", "0", "--no-progress"])
+    rc = main(
+        [
+            "solve",
+            "game24",
+            "4 5 6 10",
+            "--backend",
+            "server",
+            "--base-url",
+            refused_url(),
+            "--server-retries",
+            "0",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("treesearch: error: GET http://127.0.0.1:") and "\n" not in err
 
@@ -348,8 +397,29 @@ def test_bench_runs_the_server_mode_beside_exact(tmp_path):
 
     out = tmp_path / "b.json"
     with ScriptedServer(game24_answer()) as srv:
-        assert main(["game24", "--range", "900:901", "--model", "tiny", "--modes", "exact,server", "--max-new-tokens",
-                     "4", "--base-url", srv.url, "--json", str(out), "--no-progress", "--threads", "1"]) == 0
+        assert (
+            main(
+                [
+                    "game24",
+                    "--range",
+                    "900:901",
+                    "--model",
+                    "tiny",
+                    "--modes",
+                    "exact,server",
+                    "--max-new-tokens",
+                    "4",
+                    "--base-url",
+                    srv.url,
+                    "--json",
+                    str(out),
+                    "--no-progress",
+                    "--threads",
+                    "1",
+                ]
+            )
+            == 0
+        )
     doc = json.loads(out.read_text())
     server = doc["modes"]["server"]
     assert server["status"] == "ok" and server["model_calls"] > 0 and server["inputs_per_hour"] > 0
@@ -379,11 +449,23 @@ def llama_server(tmp_path_factory):
 
     import httpx
 
-    missing = [m for m in ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context",
-                           "pydantic_settings") if importlib.util.find_spec(m) is None]
+    missing = [
+        m
+        for m in (
+            "llama_cpp",
+            "uvicorn",
+            "fastapi",
+            "sse_starlette",
+            "starlette_context",
+            "pydantic_settings",
+        )
+        if importlib.util.find_spec(m) is None
+    ]
     if missing:
-        pytest.skip(f"llama-cpp-python[server] is not installed (missing {', '.join(missing)}): "
-                    "pip install 'llama-cpp-python[server]' (the test extra installs it)")
+        pytest.skip(
+            f"llama-cpp-python[server] is not installed (missing {', '.join(missing)}): "
+            "pip install 'llama-cpp-python[server]' (the test extra installs it)"
+        )
     from treesearch.common.errors import ModelNotInstalledError
     from treesearch.models.load import default_gguf_path
 
@@ -395,9 +477,29 @@ def llama_server(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = tmp_path_factory.mktemp("llama_server") / "server.log"
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", LLAMA_MODEL,
-           "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", "1",
-           "--n_threads_batch", "1", "--seed", "0", "--verbose", "True"]  # one thread: llama.cpp's OpenMP
+    cmd = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(gguf),
+        "--model_alias",
+        LLAMA_MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        "2048",
+        "--n_threads",
+        "1",
+        "--n_threads_batch",
+        "1",
+        "--seed",
+        "0",
+        "--verbose",
+        "True",
+    ]  # one thread: llama.cpp's OpenMP
     # barriers spin, and on a busy machine a second thread made decoding up to 40x slower
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -420,9 +522,11 @@ def llama_server(tmp_path_factory):
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
-            pytest.fail(f"the llama.cpp server died on its first completion (exit {proc.returncode}; -4 = SIGILL: "
-                        "llama.cpp was built for CPU features this machine lacks, rebuild it with the Makefile's "
-                        f"LLAMA_CMAKE_ARGS):\n{log.read_text()[-2000:]}")
+            pytest.fail(
+                f"the llama.cpp server died on its first completion (exit {proc.returncode}; -4 = SIGILL: "
+                "llama.cpp was built for CPU features this machine lacks, rebuild it with the Makefile's "
+                f"LLAMA_CMAKE_ARGS):\n{log.read_text()[-2000:]}"
+            )
         yield url, log
     finally:
         proc.terminate()
@@ -462,14 +566,15 @@ def value_prompts(n: int) -> list[str]:
 @pytest.mark.llama_server
 def test_game24_bfs_completes_through_llama_cpp(llama):
     from strategies import BFS
-
     from treesearch.tasks.game24 import Game24
 
     result = Searcher(llama, Game24(), BFS(breadth=2, max_depth=2), progress=False).solve("4 5 6 10")
     tree = result.tree
     assert result.status == "complete" and len(tree) > 1
     assert result.stats["generate_calls"] >= 1 and result.stats["score_calls"] >= 1
-    assert result.stats["prefill_tokens"] > 0 and result.stats["reused_tokens"] == 0  # llama.cpp reports no cache
+    assert (
+        result.stats["prefill_tokens"] > 0 and result.stats["reused_tokens"] == 0
+    )  # llama.cpp reports no cache
     valued = [tree.node(n) for n in tree.graph if "label_probs" in tree.node(n)]
     assert valued and all(sum(d["label_probs"].values()) == pytest.approx(1.0, abs=1e-9) for d in valued)
     assert all(0 < tree.node(n)["confidence"] <= 1 for n in tree.graph if n != tree.root)
@@ -480,7 +585,6 @@ def test_solve_many_through_llama_cpp_equals_each_search_alone(llama):
     """Concurrent searches' calls go to the server together (it batches them); each result is the
     one the search gives alone, and its usage is counted in its own stats."""
     from strategies import BFS
-
     from treesearch.tasks.game24 import Game24
 
     puzzles = ["4 5 6 10", "1 4 8 8"]
@@ -489,16 +593,18 @@ def test_solve_many_through_llama_cpp_equals_each_search_alone(llama):
     alone = [searcher.solve(p) for p in puzzles]
     for a, b in zip(alone, many):
         assert b.status == "complete"
-        assert [(n, d["thought"]) for n, d in a.tree.graph.nodes(data=True)] == \
-            [(n, d["thought"]) for n, d in b.tree.graph.nodes(data=True)]
-        assert (a.stats["generate_calls"], a.stats["generated_tokens"]) == \
-            (b.stats["generate_calls"], b.stats["generated_tokens"])
+        assert [(n, d["thought"]) for n, d in a.tree.graph.nodes(data=True)] == [
+            (n, d["thought"]) for n, d in b.tree.graph.nodes(data=True)
+        ]
+        assert (a.stats["generate_calls"], a.stats["generated_tokens"]) == (
+            b.stats["generate_calls"],
+            b.stats["generated_tokens"],
+        )
 
 
 @pytest.mark.llama_server
 def test_gsm8k_search_completes_through_llama_cpp(llama):
     from strategies import BFS
-
     from treesearch.tasks.gsm8k import GSM8K
 
     problem = GSM8K(samples_per_expand=2, max_steps=2, max_new_tokens=32)
@@ -566,8 +672,10 @@ def test_greedy_value_decisions_through_llama_cpp_agree_with_our_engine(llama, r
     theirs = llama.score(prompts, list(LABELS))
     best = [(max(a.probs, key=a.probs.get), max(b.probs, key=b.probs.get)) for a, b in zip(ours, theirs)]
     rate = sum(x == y for x, y in best) / len(best)
-    print(f"greedy value decisions, llama.cpp vs our engine: {rate:.3f} agree over {len(best)} calls; "
-          f"label floor hits {llama.stats.label_floor_hits}")
+    print(
+        f"greedy value decisions, llama.cpp vs our engine: {rate:.3f} agree over {len(best)} calls; "
+        f"label floor hits {llama.stats.label_floor_hits}"
+    )
     assert rate >= AGREEMENT_MIN
 
 
@@ -582,13 +690,16 @@ def test_cgee_level1_skips_from_llama_cpp_logprobs(llama, monkeypatch):
     from the server's per-token log-probabilities and offsets, value them without a scoring call."""
     import treesearch.policies.cgee as cgee
     from strategies import BFS
-
     from treesearch.tasks.game24 import Game24
 
-    monkeypatch.setattr(cgee, "load_thresholds", lambda model, task, path=None: cgee.Thresholds(
-        min_layer=cgee.NEVER_LAYER, tau_conf=0.0, margin=0.0))
-    result = Searcher(llama, Game24(), BFS(breadth=2, max_depth=1), RKSCConfig(cgee=True),
-                      progress=False).solve("4 5 6 10")
+    monkeypatch.setattr(
+        cgee,
+        "load_thresholds",
+        lambda model, task, path=None: cgee.Thresholds(min_layer=cgee.NEVER_LAYER, tau_conf=0.0, margin=0.0),
+    )
+    result = Searcher(
+        llama, Game24(), BFS(breadth=2, max_depth=1), RKSCConfig(cgee=True), progress=False
+    ).solve("4 5 6 10")
     kids = [result.tree.node(n) for n in result.tree.graph if n != result.tree.root]
     assert kids and result.stats["verify_skipped"] == result.stats["verify_calls"] > 0
     assert result.stats["score_calls"] == 0 and all(d["cgee"] == "skipped" for d in kids)

@@ -9,39 +9,60 @@ import pytest
 
 from treesearch.bench import report
 from treesearch.bench.branch import weighted_vote
-from treesearch.cli.bench import main, parse_range
-from treesearch.bench.modes import Mode, parse_modes
-from treesearch.bench.runner import BenchRuns, ModeRuns
 from treesearch.bench.fixed_tree import majority
+from treesearch.bench.modes import Mode, parse_modes
 from treesearch.bench.results import RunResult
+from treesearch.bench.runner import BenchRuns, ModeRuns
+from treesearch.cli.bench import main, parse_range
 from treesearch.common.config import RKSCConfig
 
-REQUIRED = ("wall_s", "prefill_tokens", "decode_tokens", "reused_tokens", "unique_tokens", "verify_calls",
-            "verify_skipped", "peak_kv_bytes", "accuracy")
+REQUIRED = (
+    "wall_s",
+    "prefill_tokens",
+    "decode_tokens",
+    "reused_tokens",
+    "unique_tokens",
+    "verify_calls",
+    "verify_skipped",
+    "peak_kv_bytes",
+    "accuracy",
+)
 
 
 # -- pure parts -------------------------------------------------------------------------------------
 def _run(wall: float, prefill: int, decode: int, decisions: list[str], correct: list[bool]) -> RunResult:
     r = RunResult(wall_s=wall, decisions=decisions, correct=correct)
-    r.add_stats({"prefill_tokens": prefill, "decode_tokens": decode, "reused_tokens": 7, "peak_kv_bytes": 4096})
+    r.add_stats(
+        {"prefill_tokens": prefill, "decode_tokens": decode, "reused_tokens": 7, "peak_kv_bytes": 4096}
+    )
     return r
 
 
 def test_report_ratios_medians_and_agreement_from_counters():
     runs = BenchRuns()
-    runs.modes["nokv"] = ModeRuns(Mode("nokv", RKSCConfig(kv_sharing="off")),
-                                  [_run(9.0, 1000, 100, ["a", "b", "c", "d"], [True, False]),
-                                   _run(7.0, 1000, 100, ["a", "b", "c", "d"], [True, False]),
-                                   _run(8.0, 1000, 100, ["a", "b", "c", "d"], [True, False])])
-    runs.modes["exact"] = ModeRuns(Mode("exact", RKSCConfig()),
-                                   [_run(4.0, 300, 100, ["a", "b", "c", "d"], [True, False])])
-    runs.modes["rksc"] = ModeRuns(Mode("rksc", RKSCConfig(cgee=True)),
-                                  [_run(2.0, 150, 50, ["a", "x", "c"], [True, True])])
+    runs.modes["nokv"] = ModeRuns(
+        Mode("nokv", RKSCConfig(kv_sharing="off")),
+        [
+            _run(9.0, 1000, 100, ["a", "b", "c", "d"], [True, False]),
+            _run(7.0, 1000, 100, ["a", "b", "c", "d"], [True, False]),
+            _run(8.0, 1000, 100, ["a", "b", "c", "d"], [True, False]),
+        ],
+    )
+    runs.modes["exact"] = ModeRuns(
+        Mode("exact", RKSCConfig()), [_run(4.0, 300, 100, ["a", "b", "c", "d"], [True, False])]
+    )
+    runs.modes["rksc"] = ModeRuns(
+        Mode("rksc", RKSCConfig(cgee=True)), [_run(2.0, 150, 50, ["a", "x", "c"], [True, True])]
+    )
     runs.modes["hf-cb"] = ModeRuns(Mode("hf-cb", None))
     runs.modes["hf-cb"].error = "RuntimeError: no memory"
     doc = report.build(runs, {"workload": "branch"})
     m = doc["modes"]
-    assert m["nokv"]["wall_s"] == 8.0 and m["nokv"]["wall_s_spread"] == 2.0 and m["nokv"]["wall_s_runs"] == [9.0, 7.0, 8.0]
+    assert (
+        m["nokv"]["wall_s"] == 8.0
+        and m["nokv"]["wall_s_spread"] == 2.0
+        and m["nokv"]["wall_s_runs"] == [9.0, 7.0, 8.0]
+    )
     assert m["exact"]["speedup_vs_nokv"] == 8.0 / 4.0
     assert m["rksc"]["speedup_vs_nokv"] == 8.0 / 2.0 and m["rksc"]["speedup_vs_exact"] == 4.0 / 2.0
     assert m["exact"]["computed_tokens"] == 400 and m["exact"]["compute_vs_nokv"] == 1100 / 400
@@ -85,8 +106,28 @@ def test_cli_parsing():
 # -- end to end on the tiny model -------------------------------------------------------------------
 def test_branch_all_modes_tiny(tmp_path, capsys):
     out, png = tmp_path / "b.json", tmp_path / "b.png"
-    rc = main(["branch", "--task", "arc_challenge", "--range", "0:1", "--model", "tiny", "--branches", "2",
-               "--max-new-tokens", "6", "--json", str(out), "--plot", str(png), "--no-progress", "--threads", "1"])
+    rc = main(
+        [
+            "branch",
+            "--task",
+            "arc_challenge",
+            "--range",
+            "0:1",
+            "--model",
+            "tiny",
+            "--branches",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+            "--no-progress",
+            "--threads",
+            "1",
+        ]
+    )
     assert rc == 0
     doc = json.loads(out.read_text())
     m = doc["modes"]
@@ -97,7 +138,8 @@ def test_branch_all_modes_tiny(tmp_path, capsys):
         assert m[name]["speedup_vs_nokv"] == m["nokv"]["wall_s"] / m[name]["wall_s"]
         assert m[name]["speedup_vs_exact"] == m["exact"]["wall_s"] / m[name]["wall_s"]
         assert m[name]["compute_vs_nokv"] == (m["nokv"]["prefill_tokens"] + m["nokv"]["decode_tokens"]) / (
-            m[name]["prefill_tokens"] + m[name]["decode_tokens"])
+            m[name]["prefill_tokens"] + m[name]["decode_tokens"]
+        )
     assert m["hf-cb"]["status"] == "ok" and m["hf-cb"]["wall_s"] > 0
     # same generations in every engine mode; sharing only changes what is recomputed
     assert m["nokv"]["decode_tokens"] == m["exact"]["decode_tokens"] == m["rksc"]["decode_tokens"]
@@ -116,15 +158,53 @@ def test_branch_all_modes_tiny(tmp_path, capsys):
 
 def test_tree_and_game24_shapes_tiny(tmp_path):
     out = tmp_path / "t.json"
-    assert main(["tree", "--range", "0:1", "--model", "tiny", "--modes", "nokv,exact", "--max-new-tokens", "2",
-                 "--json", str(out), "--no-progress", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "tree",
+                "--range",
+                "0:1",
+                "--model",
+                "tiny",
+                "--modes",
+                "nokv,exact",
+                "--max-new-tokens",
+                "2",
+                "--json",
+                str(out),
+                "--no-progress",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert doc["modes"]["exact"]["decisions_total"] == 28  # 27 leaves + the majority
     assert doc["agreement"] == {"nokv": 1.0, "exact": 1.0}
     assert doc["modes"]["nokv"]["decode_tokens"] == doc["modes"]["exact"]["decode_tokens"]
     assert doc["modes"]["exact"]["reused_tokens"] > 0 == doc["modes"]["nokv"]["reused_tokens"]
     assert doc["replay"] is None
-    assert main(["game24", "--range", "900:901", "--model", "tiny", "--modes", "exact", "--max-new-tokens", "4",
-                 "--json", str(out), "--no-progress", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "game24",
+                "--range",
+                "900:901",
+                "--model",
+                "tiny",
+                "--modes",
+                "exact",
+                "--max-new-tokens",
+                "4",
+                "--json",
+                str(out),
+                "--no-progress",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert doc["modes"]["exact"]["status"] == "ok" and doc["agreement"] == {"exact": None}

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from treesearch.policies import asks_calibration as asks_gate
-from treesearch.policies.asks_calibration import OPEN, SHUT, Record, decide, fit, outcome
 from treesearch.bench.paraphrase import load_items, orders, split_facts, wording
 from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.engine.local import Engine
 from treesearch.common.intervals import wilson
+from treesearch.engine.local import Engine
+from treesearch.policies import asks_calibration as asks_gate
+from treesearch.policies.asks_calibration import OPEN, SHUT, Record, decide, fit, outcome
 
 
 # -- wordings ---------------------------------------------------------------------------------------
@@ -22,7 +22,9 @@ def test_split_facts_and_the_four_orders():
     assert orders(3, 4) == [(0, 1, 2), (2, 1, 0), (1, 2, 0), (2, 0, 1)]
     assert orders(2, 4) == [(0, 1), (1, 0)]  # rotations of two facts repeat the reversal
     w = wording(facts, q, (2, 1, 0))
-    assert w.startswith("Facts:\n- Each eats 1 can.\n- Bo has 2 more.\n- Ann has 3 cats.\nQuestion: How many cans?\n")
+    assert w.startswith(
+        "Facts:\n- Each eats 1 can.\n- Bo has 2 more.\n- Ann has 3 cats.\nQuestion: How many cans?\n"
+    )
 
 
 def test_every_wording_of_a_question_has_the_same_tokens_in_another_order(tiny_lm):
@@ -46,9 +48,12 @@ def test_reused_counts_attached_tokens_only_and_prefill_plus_reused_is_the_promp
     prompts = list(items[0].wordings)
     total = sum(len(tiny_lm.tokenizer(p)["input_ids"]) for p in prompts)
     runs = {}
-    for name, cfg in (("off", RKSCConfig(kv_sharing="off")), ("exact", RKSCConfig()),
-                      ("open", RKSCConfig(kv_sharing="asks", asks_tau=OPEN)),
-                      ("shut", RKSCConfig(kv_sharing="asks", asks_tau=SHUT))):
+    for name, cfg in (
+        ("off", RKSCConfig(kv_sharing="off")),
+        ("exact", RKSCConfig()),
+        ("open", RKSCConfig(kv_sharing="asks", asks_tau=OPEN)),
+        ("shut", RKSCConfig(kv_sharing="asks", asks_tau=SHUT)),
+    ):
         e = Engine(tiny_lm, cfg)
         e.generate(prompts, Sampling(max_new_tokens=1))
         runs[name] = e.stats
@@ -127,8 +132,25 @@ def test_paraphrase_bench_all_asks_modes_tiny(tmp_path, capsys):
     from treesearch.cli.bench import main
 
     out = tmp_path / "p.json"
-    assert main(["paraphrase", "--model", "tiny", "--range", "0:3", "--threads", "1", "--no-progress",
-                 "--max-new-tokens", "4", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "paraphrase",
+                "--model",
+                "tiny",
+                "--range",
+                "0:3",
+                "--threads",
+                "1",
+                "--no-progress",
+                "--max-new-tokens",
+                "4",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     m = doc["modes"]
     assert list(m) == ["nokv", "exact", "asks", "asks-open"] and doc["items"] == 2
@@ -143,8 +165,25 @@ def test_calibrate_asks_writes_the_file_with_its_records_tiny(tmp_path):
     from treesearch.calibrate.asks_fit import main
 
     out = tmp_path / "tiny.asks.json"
-    assert main(["--model", "tiny", "--range", "1000:1002", "--eval-range", "1002:1004", "--threads", "1",
-                 "--max-new-tokens", "2", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                "tiny",
+                "--range",
+                "1000:1002",
+                "--eval-range",
+                "1002:1004",
+                "--threads",
+                "1",
+                "--max-new-tokens",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert doc["gate"] in ("open", "shut") and doc["workload"] == "paraphrase"
     n = len(doc["records"]["calibration"])
@@ -155,18 +194,25 @@ def test_calibrate_asks_writes_the_file_with_its_records_tiny(tmp_path):
     again = tmp_path / "again.json"  # a refit from the saved records runs no model and decides the same
     assert main(["--records", str(out), "--out", str(again)]) == 0
     redo = json.loads(again.read_text())
-    assert {k: redo[k] for k in ("gate", "tau", "alpha", "calibration", "heldout", "records")} == \
-        {k: doc[k] for k in ("gate", "tau", "alpha", "calibration", "heldout", "records")}
+    assert {k: redo[k] for k in ("gate", "tau", "alpha", "calibration", "heldout", "records")} == {
+        k: doc[k] for k in ("gate", "tau", "alpha", "calibration", "heldout", "records")
+    }
     assert redo["command"] == doc["command"] and redo["refit"].endswith(str(out) + " --out " + str(again))
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["calibrate-asks", "--range", "0:10"], "overlaps the GSM8K rows 0:200"),
-    (["calibrate-asks", "--range", "1000:1010", "--eval-range", "1005:1020"], "held-out rows must be other rows"),
-    (["calibrate-asks", "--wordings", "5"], "use 2, 3 or 4"),
-    (["claims", "--only", "nope"], "choose from game24"),
-    (["paraphrase", "--task", "arc_challenge"], "runs on gsm8k only"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["calibrate-asks", "--range", "0:10"], "overlaps the GSM8K rows 0:200"),
+        (
+            ["calibrate-asks", "--range", "1000:1010", "--eval-range", "1005:1020"],
+            "held-out rows must be other rows",
+        ),
+        (["calibrate-asks", "--wordings", "5"], "use 2, 3 or 4"),
+        (["claims", "--only", "nope"], "choose from game24"),
+        (["paraphrase", "--task", "arc_challenge"], "runs on gsm8k only"),
+    ],
+)
 def test_bench_subcommand_errors_are_one_line_exit_2(argv, message, capsys):
     from treesearch.cli import main as cli
 
@@ -188,6 +234,9 @@ def test_paraphrase_real_model_asks_open_reuses_more_than_exact(real_lm):
     # the generate call attaches every wording but the first; verification prompts of equal length (the
     # reasoning hit max_new_tokens) pair too, on the tokens after the reasoning
     assert m["asks-open"]["asks_attached"] >= sum(len(it.wordings) - 1 for it in w.items) == 3
-    assert m["asks-open"]["asks_extra_reused"] > 0 and m["asks-open"]["reused_tokens"] > m["exact"]["reused_tokens"]
+    assert (
+        m["asks-open"]["asks_extra_reused"] > 0
+        and m["asks-open"]["reused_tokens"] > m["exact"]["reused_tokens"]
+    )
     assert m["asks-open"]["prefill_tokens"] < m["exact"]["prefill_tokens"]
     assert 0.0 <= doc["agreement_vs_exact"]["asks-open"] <= 1.0

@@ -42,9 +42,28 @@ def test_ignore_eos_generates_past_a_stop_string(tiny_lm):
 def test_bench_branch_on_dummy_llama_1b_runs_fixed_lengths_and_says_so(tmp_path, capsys):
     """The issue's command at tiny sizes: 1 question, 2 branches, 3 tokens each, on the CPU."""
     out = tmp_path / "b.json"
-    rc = bench_main(["branch", "--model", "dummy:llama-3.2-1b", "--range", "0:1", "--branches", "2",
-                     "--max-new-tokens", "3", "--modes", "nokv,exact", "--dtype", "bfloat16",
-                     "--no-progress", "--threads", "1", "--json", str(out)])
+    rc = bench_main(
+        [
+            "branch",
+            "--model",
+            "dummy:llama-3.2-1b",
+            "--range",
+            "0:1",
+            "--branches",
+            "2",
+            "--max-new-tokens",
+            "3",
+            "--modes",
+            "nokv,exact",
+            "--dtype",
+            "bfloat16",
+            "--no-progress",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert rc == 0
     assert "note: dummy:llama-3.2-1b has random weights: fixed lengths" in printed

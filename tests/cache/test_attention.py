@@ -21,7 +21,10 @@ def prefix_of(n: int) -> str:
 
 def prompts_for(prefix: str, batch: int) -> list[str]:
     # suffixes of different lengths: row b adds b extra words
-    return [prefix + f" Row {b}:" + "".join(f" {WORDS[(b + i) % len(WORDS)]}" for i in range(b)) for b in range(batch)]
+    return [
+        prefix + f" Row {b}:" + "".join(f" {WORDS[(b + i) % len(WORDS)]}" for i in range(b))
+        for b in range(batch)
+    ]
 
 
 @pytest.mark.parametrize("batch", [1, 2, 7])

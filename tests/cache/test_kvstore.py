@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treesearch.common.errors import CacheBudgetError
 from treesearch.cache.kvstore import KVStore
+from treesearch.common.errors import CacheBudgetError
 from treesearch.policies.rsbcm import RSBCMPolicy
 
 BPT = 8  # bytes per token in these tests
@@ -89,8 +89,9 @@ def test_budget_evicts_free_leaf_before_owned_and_never_a_pinned_segment():
     #                     `- C[9 9 9 9]   free
     # inserting D (1 block) into a 3-block budget evicts C (block 2) first
     scores = {1: 5.0}
-    store = KVStore(bytes_per_token=BPT, block_size=BS, budget=3 * BS * BPT,
-                    policy=RSBCMPolicy(lambda o: scores.get(o)))
+    store = KVStore(
+        bytes_per_token=BPT, block_size=BS, budget=3 * BS * BPT, policy=RSBCMPolicy(lambda o: scores.get(o))
+    )
     a, _ = store.insert([], [1, 2, 3, 4], kv(4))
     b, _ = store.insert([(a, 4)], [5, 6, 7, 8], kv(4))
     c, _ = store.insert([(a, 4)], [9, 9, 9, 9], kv(4))
@@ -126,7 +127,9 @@ def test_pinned_owner_pins_what_it_holds_until_released():
 
 op = st.one_of(
     st.tuples(st.just("insert"), st.integers(0, 30), st.lists(st.integers(1, 3), min_size=1, max_size=9)),
-    st.tuples(st.just("insert_part"), st.integers(0, 30), st.lists(st.integers(1, 3), min_size=1, max_size=9)),
+    st.tuples(
+        st.just("insert_part"), st.integers(0, 30), st.lists(st.integers(1, 3), min_size=1, max_size=9)
+    ),
     st.tuples(st.just("extend"), st.integers(0, 30), st.integers(0, 0)),
     st.tuples(st.just("acquire"), st.integers(0, 4), st.integers(0, 30)),
     st.tuples(st.just("release"), st.integers(0, 4), st.integers(0, 0)),
@@ -140,14 +143,22 @@ op = st.one_of(
 @given(budget_blocks=st.integers(3, 12), ops=st.lists(op, max_size=40))
 def test_pool_invariants_hold_after_every_operation(budget_blocks, ops):
     scores: dict[int, float] = {}
-    store = KVStore(bytes_per_token=BPT, block_size=BS, budget=budget_blocks * BS * BPT,
-                    policy=RSBCMPolicy(lambda o: scores.get(o)))
+    store = KVStore(
+        bytes_per_token=BPT,
+        block_size=BS,
+        budget=budget_blocks * BS * BPT,
+        policy=RSBCMPolicy(lambda o: scores.get(o)),
+    )
     handles: list = []  # (segment, used) ends seen so far
     pins: list = []  # chains pinned by this test
     for name, x, y in ops:
         pinned_before = {s.id for s in store.segments.values() if s.pins > 0 and s.resident}
         if name in ("insert", "insert_part"):  # insert_part: K/V for the first half of the new tokens only
-            chain = [] if not handles else handles[x % len(handles)][0].context_chain(handles[x % len(handles)][1])
+            chain = (
+                []
+                if not handles
+                else handles[x % len(handles)][0].context_chain(handles[x % len(handles)][1])
+            )
             ctx = [t for s, used in chain for t in s.tokens[:used]]
             walk, _ = store.lookup(ctx + y)
             if any(used > s.resident_len for s, used in walk):

@@ -9,8 +9,10 @@ import pytest
 from strategies import BFS
 from treesearch import Child, Problem, RKSCConfig, Sampling, Searcher
 
-TEMPLATE = ("Plan a trip one stop at a time. Each stop names a town and what to see there. "
-            "Example: Avignon, the bridge. Example: Arles, the arena. Example: Nimes, the temple. Trip so far:")
+TEMPLATE = (
+    "Plan a trip one stop at a time. Each stop names a town and what to see there. "
+    "Example: Avignon, the bridge. Example: Arles, the arena. Example: Nimes, the temple. Trip so far:"
+)
 VALUE = "Judge whether the trip is good. Example: Avignon, Arles. Verdict: yes. Example: Paris, Paris. Verdict: no. Trip:"
 
 
@@ -38,8 +40,16 @@ class Trip(Problem):
 
 def _signature(result):
     tree = result.tree
-    return [(n, tree.parent(n), tree.node(n)["thought"], tree.node(n)["status"], round(tree.node(n)["score"] or 0, 4))
-            for n in sorted(tree.graph)]
+    return [
+        (
+            n,
+            tree.parent(n),
+            tree.node(n)["thought"],
+            tree.node(n)["status"],
+            round(tree.node(n)["score"] or 0, 4),
+        )
+        for n in sorted(tree.graph)
+    ]
 
 
 def _fresh(tiny_lm, x):
@@ -53,8 +63,13 @@ def test_later_solves_reuse_the_last_searchs_prompts_and_find_the_same_trees(tin
 
 def test_later_solves_under_a_tight_budget_find_the_same_trees(tiny_lm):
     peak = _fresh(tiny_lm, "Lyon").stats["peak_kv_bytes"]
-    s = Searcher(tiny_lm, Trip(), BFS(breadth=2), RKSCConfig(kv_sharing="exact", cache_budget=peak // 2),
-                 progress=False)
+    s = Searcher(
+        tiny_lm,
+        Trip(),
+        BFS(breadth=2),
+        RKSCConfig(kv_sharing="exact", cache_budget=peak // 2),
+        progress=False,
+    )
     first, second = s.solve("Lyon"), s.solve("Dijon")
     assert _signature(first) == _signature(_fresh(tiny_lm, "Lyon"))
     assert _signature(second) == _signature(_fresh(tiny_lm, "Dijon"))
@@ -69,12 +84,18 @@ def _check_warm_searches(tiny_lm, s):
     assert _signature(first) == _signature(again) == _signature(fresh_lyon)
     assert _signature(second) == _signature(fresh_dijon)
     timed = ("wall_s", "verify_s")
-    assert {k: v for k, v in first.stats.items() if k not in timed} == \
-        {k: v for k, v in fresh_lyon.stats.items() if k not in timed}  # the first search is a fresh one
+    assert {k: v for k, v in first.stats.items() if k not in timed} == {
+        k: v for k, v in fresh_lyon.stats.items() if k not in timed
+    }  # the first search is a fresh one
     # the templates come from the cache: only what differs is computed
     assert second.stats["prefill_tokens"] < fresh_dijon.stats["prefill_tokens"]
     assert second.stats["reused_tokens"] > fresh_dijon.stats["reused_tokens"]
-    for same in ("unique_tokens", "decode_tokens", "generate_calls", "score_calls"):  # the same work was asked for
+    for same in (
+        "unique_tokens",
+        "decode_tokens",
+        "generate_calls",
+        "score_calls",
+    ):  # the same work was asked for
         assert second.stats[same] == fresh_dijon.stats[same]
     assert again.stats["prefill_tokens"] < second.stats["prefill_tokens"]
     s.engine.store.check_invariants()
@@ -103,7 +124,9 @@ def _fresh_held(tiny_lm, x):
 
 
 def test_keep_cache_false_and_an_interrupted_search_start_from_an_empty_cache(tiny_lm):
-    s = Searcher(tiny_lm, Trip(), BFS(breadth=2), RKSCConfig(kv_sharing="exact"), progress=False, keep_cache=False)
+    s = Searcher(
+        tiny_lm, Trip(), BFS(breadth=2), RKSCConfig(kv_sharing="exact"), progress=False, keep_cache=False
+    )
     s.solve("Lyon")
     engine = s.engine
     assert s.solve("Lyon").stats["prefill_tokens"] == _fresh(tiny_lm, "Lyon").stats["prefill_tokens"]

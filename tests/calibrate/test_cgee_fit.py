@@ -13,9 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treesearch.calibrate.cgee_fit import Dataset, binom_cdf, clopper_pearson_upper, fit, main, replay
-from treesearch.policies.cgee import LayerExit, Thresholds, exit_layer, exit_layers, label_entropy, load_thresholds
 from treesearch.common.config import RKSCConfig
 from treesearch.engine.local import Engine
+from treesearch.policies.cgee import (
+    LayerExit,
+    Thresholds,
+    exit_layer,
+    exit_layers,
+    label_entropy,
+    load_thresholds,
+)
 
 
 def test_clopper_pearson_known_values():
@@ -28,8 +35,12 @@ def test_clopper_pearson_known_values():
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.lists(st.floats(0.0, 1.1), min_size=4, max_size=4), min_size=1, max_size=5),
-       st.floats(0.0, 1.2), st.floats(1e-6, 0.5), st.integers(1, 5))
+@given(
+    st.lists(st.lists(st.floats(0.0, 1.1), min_size=4, max_size=4), min_size=1, max_size=5),
+    st.floats(0.0, 1.2),
+    st.floats(1e-6, 0.5),
+    st.integers(1, 5),
+)
 def test_offline_exit_layers_equal_the_rule(h, theta, eps, m):
     got = exit_layers(np.asarray(h), theta, eps, m)
     for row, g in zip(h, got):
@@ -40,15 +51,23 @@ def test_offline_exit_layers_equal_the_rule(h, theta, eps, m):
 def _hand_made() -> Dataset:
     # 3 calls, 3 layers, 2 labels (weights 10, 0). Call 0 settles early on the right label;
     # call 1 drops to low entropy at layer 2 on the WRONG label (a jump of 0.55 nats); call 2 never settles.
-    traj = np.array([
-        [[0.99, 0.01], [0.99, 0.01], [0.98, 0.02]],
-        [[0.30, 0.70], [0.01, 0.99], [0.60, 0.40]],
-        [[0.50, 0.50], [0.60, 0.40], [0.30, 0.70]],
-    ])
-    steps = [[{"node": 1, "parent": 0, "conf": 0.9, "call": 0, "value": None},
-              {"node": 2, "parent": 0, "conf": 0.5, "call": 1, "value": None},
-              {"node": 3, "parent": 0, "conf": 0.2, "call": 2, "value": None}]]
-    return Dataset(task="t", model="m", labels=["a", "b"], weights=[10.0, 0.0], traj=traj, steps=steps, breadth=1)
+    traj = np.array(
+        [
+            [[0.99, 0.01], [0.99, 0.01], [0.98, 0.02]],
+            [[0.30, 0.70], [0.01, 0.99], [0.60, 0.40]],
+            [[0.50, 0.50], [0.60, 0.40], [0.30, 0.70]],
+        ]
+    )
+    steps = [
+        [
+            {"node": 1, "parent": 0, "conf": 0.9, "call": 0, "value": None},
+            {"node": 2, "parent": 0, "conf": 0.5, "call": 1, "value": None},
+            {"node": 3, "parent": 0, "conf": 0.2, "call": 2, "value": None},
+        ]
+    ]
+    return Dataset(
+        task="t", model="m", labels=["a", "b"], weights=[10.0, 0.0], traj=traj, steps=steps, breadth=1
+    )
 
 
 def test_replay_counts_exact_decisions():
@@ -80,8 +99,24 @@ def test_fit_picks_the_cheapest_safe_setting():
 
 def test_calibration_on_tiny_model_has_zero_disagreement(tiny_lm, tmp_path):
     out, calls = tmp_path / "tiny.json", tmp_path / "calls.json"
-    rc = main(["--task", "game24", "--proposer", "legal", "--model", "tiny", "--range", "800:801",
-               "--out", str(out), "--save-calls", str(calls), "--target-error", "1"])
+    rc = main(
+        [
+            "--task",
+            "game24",
+            "--proposer",
+            "legal",
+            "--model",
+            "tiny",
+            "--range",
+            "800:801",
+            "--out",
+            str(out),
+            "--save-calls",
+            str(calls),
+            "--target-error",
+            "1",
+        ]
+    )
     assert rc == 0
     saved = json.loads(out.read_text())
     entry = saved["tasks"]["game24"]
@@ -139,7 +174,9 @@ def test_choice_rows_with_3_to_5_choices_are_padded_not_dropped(tiny_lm):
     items = load_arc(834, 838)
     for row, k in ((2, 5), (3, 4)):
         labels = ds.labels[:k]
-        s = Engine(tiny_lm, RKSCConfig()).score([choice_prompt(items[row].question, items[row].choices)], labels)[0]
+        s = Engine(tiny_lm, RKSCConfig()).score(
+            [choice_prompt(items[row].question, items[row].choices)], labels
+        )[0]
         assert ds.traj[row, -1, :k] == pytest.approx([s.probs[x] for x in labels], abs=1e-5)
 
 
@@ -163,8 +200,15 @@ class AnyMove:
                 out = []
                 for m in list(re.finditer(r"\S+", text))[:3]:
                     thought, left = moves[sum(map(ord, m.group())) % len(moves)]
-                    out.append(Child(thought=thought, span=m.span(), state=Game24State(
-                        puzzle=state.puzzle, numbers=left, steps=state.steps + (thought,))))
+                    out.append(
+                        Child(
+                            thought=thought,
+                            span=m.span(),
+                            state=Game24State(
+                                puzzle=state.puzzle, numbers=left, steps=state.steps + (thought,)
+                            ),
+                        )
+                    )
                 return out
 
         return _AnyMove(max_new_tokens=6)
@@ -174,21 +218,28 @@ def test_game24_collection_equals_one_searcher_per_puzzle(tiny_lm):
     """The collector's data is what plain searches give: one Searcher (BFS, full passes) per
     puzzle, its tree read depth by depth, each value prompt's layers scored again by the engine."""
     from strategies import BFS
-
     from treesearch.calibrate.cgee_fit import collect_game24
     from treesearch.search.searcher import Searcher
-    from treesearch.tasks.game24 import load_puzzles
     from treesearch.search.verifier import LayerRecorder
+    from treesearch.tasks.game24 import load_puzzles
 
     collected = collect_game24(tiny_lm, 800, 803, problem=AnyMove.make(), log=lambda m: None)
     problem = AnyMove.make()
     labels = list(problem.labels)
     ref_steps, ref_traj, ref_prompts = [], [], []
     for puzzle in load_puzzles(800, 803):
-        tree = Searcher(tiny_lm, problem, BFS(breadth=5), RKSCConfig(kv_sharing="exact"),
-                        progress=False).solve(puzzle).tree
-        prompts = sorted({problem.value_prompt(tree.node(n)["state"]) for n in tree.graph.nodes
-                          if n and problem.value(tree.node(n)["state"]) is None})
+        tree = (
+            Searcher(tiny_lm, problem, BFS(breadth=5), RKSCConfig(kv_sharing="exact"), progress=False)
+            .solve(puzzle)
+            .tree
+        )
+        prompts = sorted(
+            {
+                problem.value_prompt(tree.node(n)["state"])
+                for n in tree.graph.nodes
+                if n and problem.value(tree.node(n)["state"]) is None
+            }
+        )
         rec = LayerRecorder()
         scores = Engine(tiny_lm, RKSCConfig()).score(prompts, labels, exit_rule=rec)
         traj = {q: tr + [[s.probs[k] for k in labels]] for q, tr, s in zip(prompts, rec.rows(), scores)}
@@ -197,8 +248,15 @@ def test_game24_collection_equals_one_searcher_per_puzzle(tiny_lm):
             for n in sorted(n for n in tree.graph.nodes if tree.node(n)["depth"] == depth):
                 d = tree.node(n)
                 value = problem.value(d["state"])
-                step.append((n, tree.parent(n), value, d["confidence"],
-                             None if value is not None else traj[problem.value_prompt(d["state"])]))
+                step.append(
+                    (
+                        n,
+                        tree.parent(n),
+                        value,
+                        d["confidence"],
+                        None if value is not None else traj[problem.value_prompt(d["state"])],
+                    )
+                )
             ref_steps.append(step)
         ref_traj += traj.values()
         ref_prompts += prompts
@@ -244,8 +302,12 @@ def test_replay_reuses_values_verified_in_an_earlier_step():
     ds = _hand_made()
     ds.traj = np.concatenate([ds.traj, [[[0.1, 0.9]] * 3]])  # call 3: a low value
     # step 2 under node 1: node 4 reuses call 0's prompt (verified in step 1), node 5 is new (call 3)
-    ds.steps.append([{"node": 4, "parent": 1, "conf": 0.95, "call": 0, "value": None},
-                     {"node": 5, "parent": 1, "conf": 0.6, "call": 3, "value": None}])
+    ds.steps.append(
+        [
+            {"node": 4, "parent": 1, "conf": 0.95, "call": 0, "value": None},
+            {"node": 5, "parent": 1, "conf": 0.6, "call": 3, "value": None},
+        ]
+    )
     never_skip = replay(ds, Thresholds(theta=0.0, eps=0.0, min_layer=3, tau_conf=1.01))
     assert (never_skip.calls, never_skip.skipped, never_skip.errors, never_skip.steps) == (4, 0, 0, 2)
     # tau 0.5, margin 0.45: step 1's set {0.9, 0.5, 0.2} leads by 0.4 only: verified. In step 2 node 4's
@@ -263,7 +325,6 @@ def test_replay_counts_what_a_live_cgee_search_does(tiny_lm):
     those thresholds does: the same layers run, skips included. Breadth 50 keeps every candidate,
     so no selection can change and the live search walks the collected tree."""
     from strategies import BFS
-
     from treesearch.calibrate.cgee_fit import collect_game24
     from treesearch.search.searcher import Searcher
     from treesearch.tasks.game24 import load_puzzles
@@ -273,11 +334,17 @@ def test_replay_counts_what_a_live_cgee_search_does(tiny_lm):
     t = Thresholds(theta=10.0, eps=10.0, min_layer=3, tau_conf=0.005, margin=0.0)
     out = replay(ds, t)
     assert out.step_errors == 0 and 0 < out.skipped < out.calls
-    cfg = RKSCConfig(cgee=True, theta=t.theta, eps=t.eps, min_layer=t.min_layer, tau_conf=t.tau_conf,
-                     margin=t.margin)
-    live = Searcher(tiny_lm, AnyMove.make(), BFS(breadth=50), cfg, progress=False).solve(load_puzzles(800, 801)[0])
+    cfg = RKSCConfig(
+        cgee=True, theta=t.theta, eps=t.eps, min_layer=t.min_layer, tau_conf=t.tau_conf, margin=t.margin
+    )
+    live = Searcher(tiny_lm, AnyMove.make(), BFS(breadth=50), cfg, progress=False).solve(
+        load_puzzles(800, 801)[0]
+    )
     assert len(live.tree) == sum(len(s) for s in ds.steps) + 1
-    assert (live.stats["verify_layers_run"], live.stats["verify_layers_full"]) == (out.layers_run, out.layers_full)
+    assert (live.stats["verify_layers_run"], live.stats["verify_layers_full"]) == (
+        out.layers_run,
+        out.layers_full,
+    )
     assert out.layers_run == 3 * (out.calls - out.skipped)
     skipped = [n for n in live.tree.graph.nodes if live.tree.node(n).get("cgee") == "skipped"]
     assert skipped and len(skipped) < len(live.tree) - 1
@@ -294,8 +361,12 @@ def test_the_shipped_calibration_is_backed_by_1000_held_out_calls():
         entry = data["tasks"][task]
         held = entry["heldout"]
         assert held["calls"] >= 1000, task
-        assert held["step_errors"] == 0 and clopper_pearson_upper(held["call_errors"], held["calls"]) <= 0.0037, task
+        assert (
+            held["step_errors"] == 0 and clopper_pearson_upper(held["call_errors"], held["calls"]) <= 0.0037
+        ), task
         if "rejected" in entry:
             rej = entry["rejected"]["heldout"]
-            assert rej["step_errors"] > 0 or clopper_pearson_upper(rej["call_errors"], rej["calls"]) > 0.0037, task
+            assert (
+                rej["step_errors"] > 0 or clopper_pearson_upper(rej["call_errors"], rej["calls"]) > 0.0037
+            ), task
     assert data["tasks"]["game24"]["calibration"]["proposer"] == "model"

@@ -8,18 +8,28 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
 from reliability_problems import Words
+
 from strategies import BFS
 from treesearch import RKSCConfig, SaveFileError, Searcher
 from treesearch.common.intervals import wilson
 from treesearch.runs.results_file import ResultsFile, run_inputs, summarize
 
-RUN = [sys.executable, "-m", "treesearch.cli.main", "run", "game24", "--model", "tiny", "--no-progress", "--threads", "1"]
-from run_rows import OWN_WORK, SAME, comparable, lines
+RUN = [
+    sys.executable,
+    "-m",
+    "treesearch.cli.main",
+    "run",
+    "game24",
+    "--model",
+    "tiny",
+    "--no-progress",
+    "--threads",
+    "1",
+]
+from run_rows import comparable, lines
 
 
 def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -46,14 +56,19 @@ def test_run_writes_one_line_per_input_in_order_and_a_summary(uninterrupted, tmp
     assert done.returncode == 0, done.stderr
     assert comparable(lines(out)) == comparable(uninterrupted)  # the concurrency changes nothing
     s = json.loads(summary.read_text())
-    assert s["inputs"] == 6 and s["inputs_run"] == 6 and s["solved"] == sum(r["solved"] for r in uninterrupted)
+    assert (
+        s["inputs"] == 6 and s["inputs_run"] == 6 and s["solved"] == sum(r["solved"] for r in uninterrupted)
+    )
     assert "accuracy" in done.stdout and "inputs/h" in done.stdout and "95% CI" in done.stdout
 
 
 def test_resume_after_a_killed_run_gives_the_uninterrupted_file(uninterrupted, tmp_path):
     out = tmp_path / "killed.jsonl"
-    proc = subprocess.Popen(RUN + ["--range", "900:906", "--concurrency", "2", "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        RUN + ["--range", "900:906", "--concurrency", "2", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 2):
         time.sleep(0.2)
@@ -73,8 +88,12 @@ def test_resume_after_a_killed_run_gives_the_uninterrupted_file(uninterrupted, t
 
 def test_ctrl_c_leaves_a_valid_file_that_resume_finishes(uninterrupted, tmp_path):
     out = tmp_path / "ctrl_c.jsonl"
-    proc = subprocess.Popen(RUN + ["--range", "900:906", "--concurrency", "1", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        RUN + ["--range", "900:906", "--concurrency", "1", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 1):
         time.sleep(0.2)
@@ -93,8 +112,9 @@ def test_bad_rows_are_recorded_and_the_run_goes_on(tmp_path):
     inputs = tmp_path / "puzzles.txt"
     inputs.write_text("4 5 6 10\n1 2 3\na b c d\n")
     out = tmp_path / "out.jsonl"
-    done = subprocess.run(RUN + ["--inputs", str(inputs), "--out", str(out)], capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        RUN + ["--inputs", str(inputs), "--out", str(out)], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr
     rows = lines(out)
     assert [r["status"] for r in sorted(rows, key=lambda r: r["index"])] == ["complete", "invalid", "invalid"]
@@ -113,12 +133,15 @@ def test_an_existing_file_is_not_overwritten_and_a_foreign_one_is_not_resumed(tm
     assert out.read_text() == "not a result\n"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--concurrency", "0"], "--concurrency 0: use at least 1 search at a time"),
-    (["--range", "5:2"], "--range 5:2: use 0 <= A < B"),
-    (["--range", "x:y"], "--range 'x:y': write A:B"),
-    (["--inputs", "/nonexistent/file.txt"], "no such file"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--concurrency", "0"], "--concurrency 0: use at least 1 search at a time"),
+        (["--range", "5:2"], "--range 5:2: use 0 <= A < B"),
+        (["--range", "x:y"], "--range 'x:y': write A:B"),
+        (["--inputs", "/nonexistent/file.txt"], "no such file"),
+    ],
+)
 def test_run_argument_errors_are_one_line_before_the_model_loads(argv, message):
     done = run(*argv, "--out", "/nonexistent-dir/never.jsonl", timeout=120)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
@@ -132,8 +155,9 @@ class Fragile(Words):
 
 
 def test_a_search_that_raises_is_recorded_with_its_error_and_the_others_finish(tiny_lm, tmp_path):
-    searcher = Searcher(tiny_lm, Fragile(width=2, depth=2, max_new_tokens=4), BFS(breadth=2), RKSCConfig(),
-                        progress=False)
+    searcher = Searcher(
+        tiny_lm, Fragile(width=2, depth=2, max_new_tokens=4), BFS(breadth=2), RKSCConfig(), progress=False
+    )
     with ResultsFile(tmp_path / "out.jsonl") as out:
         summary = run_inputs(searcher, list(enumerate(["a", "b", "c"])), out, concurrency=3, progress=False)
     rows = lines(tmp_path / "out.jsonl")
@@ -153,6 +177,12 @@ def test_wilson_interval_and_summary_counts():
     assert wilson(0, 0) == (0.0, 0.0)
     low, high = wilson(5, 10)
     assert round(low, 3) == 0.237 and round(high, 3) == 0.763
-    s = summarize([{"solved": True, "status": "complete", "stats": {"decode_tokens": 3}},
-                   {"solved": False, "status": "failed", "stats": {"decode_tokens": 2}}], wall_s=3600, inputs_run=2)
+    s = summarize(
+        [
+            {"solved": True, "status": "complete", "stats": {"decode_tokens": 3}},
+            {"solved": False, "status": "failed", "stats": {"decode_tokens": 2}},
+        ],
+        wall_s=3600,
+        inputs_run=2,
+    )
     assert (s.inputs, s.solved, s.failed, s.inputs_per_hour, s.tokens["decode_tokens"]) == (2, 1, 1, 2.0, 5)

@@ -60,8 +60,24 @@ def test_help_does_not_import_torch():
 
 def test_solve_with_tiny_model_writes_json(tmp_path):
     path = tmp_path / "a.json"
-    out = subprocess.run([sys.executable, "-m", "treesearch.cli.main", "solve", "game24", "4 5 6 10", "--model", "tiny",
-                          "--no-progress", "--json", str(path)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "treesearch.cli.main",
+            "solve",
+            "game24",
+            "4 5 6 10",
+            "--model",
+            "tiny",
+            "--no-progress",
+            "--json",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "solved:" in out.stdout and "stats:" in out.stdout
     data = json.loads(path.read_text())
@@ -71,21 +87,47 @@ def test_solve_with_tiny_model_writes_json(tmp_path):
 
 
 def test_solve_with_a_budget_below_the_root_prompt_fails_in_one_line_naming_the_minimum():
-    out = subprocess.run([sys.executable, "-m", "treesearch.cli.main", "solve", "game24", "4 5 6 10", "--model", "tiny",
-                          "--no-progress", "--cache-budget", "1000"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "treesearch.cli.main",
+            "solve",
+            "game24",
+            "4 5 6 10",
+            "--model",
+            "tiny",
+            "--no-progress",
+            "--cache-budget",
+            "1000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert out.stderr.startswith("treesearch: error: cache_budget=1000 bytes cannot run this call")
     assert "raise --cache-budget to at least" in out.stderr
 
 
-def test_solve_interrupted_by_ctrl_c_saves_the_partial_search_and_resume_finishes_it(tmp_path, monkeypatch, capsys):
+def test_solve_interrupted_by_ctrl_c_saves_the_partial_search_and_resume_finishes_it(
+    tmp_path, monkeypatch, capsys
+):
     from treesearch.cli import main as cli
     from treesearch.search.searcher import Searcher
 
     monkeypatch.chdir(tmp_path)
-    argv = ["solve", "gsm8k", "Tom has 3 apples and buys 4 more. How many apples does he have?", "--model", "tiny",
-            "--no-progress", "--breadth", "2"]
+    argv = [
+        "solve",
+        "gsm8k",
+        "Tom has 3 apples and buys 4 more. How many apples does he have?",
+        "--model",
+        "tiny",
+        "--no-progress",
+        "--breadth",
+        "2",
+    ]
     assert cli.main(argv + ["--json", "full.json"]) == 0
     full = json.loads((tmp_path / "full.json").read_text())
     evaluate, calls = Searcher.evaluate, []
@@ -106,5 +148,7 @@ def test_solve_interrupted_by_ctrl_c_saves_the_partial_search_and_resume_finishe
     resumed = json.loads((tmp_path / "resumed.json").read_text())
     sig = lambda data: [(n["id"], n["thought"], n["status"]) for n in data["tree"]["nodes"]]  # noqa: E731
     assert len(full["tree"]["nodes"]) > 3 and sig(resumed) == sig(full)
-    for a, b in zip(full["tree"]["nodes"], resumed["tree"]["nodes"]):  # scores equal up to float reassociation
+    for a, b in zip(
+        full["tree"]["nodes"], resumed["tree"]["nodes"]
+    ):  # scores equal up to float reassociation
         assert (a["score"] is None and b["score"] is None) or abs(a["score"] - b["score"]) <= 1e-4

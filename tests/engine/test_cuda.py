@@ -31,9 +31,11 @@ DEVICE = os.environ.get("TREESEARCH_TEST_DEVICE", "cuda")
 ON_GPU = DEVICE.startswith("cuda")
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(ON_GPU and not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU (torch.cuda.is_available() is False); "
-                              "TREESEARCH_TEST_DEVICE=cpu runs these checks on the CPU at small sizes"),
+    pytest.mark.skipif(
+        ON_GPU and not torch.cuda.is_available(),
+        reason="needs a CUDA GPU (torch.cuda.is_available() is False); "
+        "TREESEARCH_TEST_DEVICE=cpu runs these checks on the CPU at small sizes",
+    ),
 ]
 # bf16 check sizes: the real 1B shape on a GPU; 2 of its 16 layers and fewer tokens on a CPU
 BF16 = {"layers": None, "prompts": 16, "tokens": 32} if ON_GPU else {"layers": 2, "prompts": 8, "tokens": 8}
@@ -42,10 +44,12 @@ MIN_FIRST_TOKEN_AGREEMENT = 0.5
 MIN_COMMON_PREFIX = 0.1
 MAX_LABEL_LOGPROB_DIFF = 0.5  # nats, over the whole vocabulary (Score.raw)
 LABELS = [" yes", " no"]
-FEW_SHOT = ("Solve the problem step by step, then give the answer after ####.\n"
-            "Q: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-            "How many clips did Natalia sell altogether in April and May?\nA: In May she sold 48 / 2 = 24 clips. "
-            "Altogether 48 + 24 = 72. #### 72\n")
+FEW_SHOT = (
+    "Solve the problem step by step, then give the answer after ####.\n"
+    "Q: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?\nA: In May she sold 48 / 2 = 24 clips. "
+    "Altogether 48 + 24 = 72. #### 72\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -110,17 +114,25 @@ def test_tiny_fp32_search_is_identical_with_sharing_and_under_a_tight_budget(tin
 
     q = {"question": "Ann has 3 bags of 4 pears. How many pears?", "answer": "#### 12"}
     trees = {}
-    for name, cfg in (("off", RKSCConfig(kv_sharing="off")), ("exact", RKSCConfig(kv_sharing="exact")),
-                      ("budget", RKSCConfig(kv_sharing="exact", cache_budget=500_000))):
+    for name, cfg in (
+        ("off", RKSCConfig(kv_sharing="off")),
+        ("exact", RKSCConfig(kv_sharing="exact")),
+        ("budget", RKSCConfig(kv_sharing="exact", cache_budget=500_000)),
+    ):
         problem = GSM8K(max_steps=3, samples_per_expand=2, max_new_tokens=8)
         res = Searcher(tiny_dev, problem, BFS(breadth=2), cfg, progress=False, seed=7).solve(q)
         nodes = res.tree.graph.nodes
-        trees[name] = ({n: (nodes[n]["thought"], nodes[n]["status"]) for n in nodes},
-                       {n: nodes[n]["score"] for n in nodes}, res.stats)
+        trees[name] = (
+            {n: (nodes[n]["thought"], nodes[n]["status"]) for n in nodes},
+            {n: nodes[n]["score"] for n in nodes},
+            res.stats,
+        )
     for name in ("exact", "budget"):
         assert trees[name][0] == trees["off"][0], name
         for n, s in trees["off"][1].items():
-            assert (s is None and trees[name][1][n] is None) or trees[name][1][n] == pytest.approx(s, abs=1e-4)
+            assert (s is None and trees[name][1][n] is None) or trees[name][1][n] == pytest.approx(
+                s, abs=1e-4
+            )
     assert trees["budget"][2]["evicted_blocks"] > 0 and trees["budget"][2]["recomputed_tokens"] > 0
 
 
@@ -160,8 +172,11 @@ def test_dummy_1b_bf16_exact_agrees_with_off_within_bf16_noise(capsys):
 
     lm = dummy_model("dummy:llama-3.2-1b", device=DEVICE, dtype="bfloat16", num_layers=BF16["layers"])
     n, tokens = BF16["prompts"], BF16["tokens"]
-    prompts = [FEW_SHOT + f"Q: A shop has {k + 3} crates of {2 * k + 5} apples and sells {k} crates. "
-               "How many apples are left?\nA:" for k in range(n)]
+    prompts = [
+        FEW_SHOT + f"Q: A shop has {k + 3} crates of {2 * k + 5} apples and sells {k} crates. "
+        "How many apples are left?\nA:"
+        for k in range(n)
+    ]
     sampling = Sampling(max_new_tokens=tokens, ignore_eos=True)
     ids, probs, logps = {}, {}, {}
     for mode in ("off", "exact"):
@@ -178,10 +193,12 @@ def test_dummy_1b_bf16_exact_agrees_with_off_within_bf16_noise(capsys):
     diffs = [abs(a - b) for a, b in zip(probs["off"], probs["exact"])]
     dlog = max(abs(a - b) for a, b in zip(logps["off"], logps["exact"]))
     with capsys.disabled():
-        print(f"\nbf16 {lm.name} on {DEVICE}, {n} prompts x {tokens} greedy tokens: off vs exact: first token "
-              f"{first:.3f}, common prefix {prefix:.3f}, |dP(yes)| max {max(diffs):.4f} mean "
-              f"{sum(diffs) / len(diffs):.4f}, |d log P(label)| max {dlog:.4f}; bf16 noise floor (off batched "
-              f"vs alone): first token {floor_first:.3f}, common prefix {floor_prefix:.3f}")
+        print(
+            f"\nbf16 {lm.name} on {DEVICE}, {n} prompts x {tokens} greedy tokens: off vs exact: first token "
+            f"{first:.3f}, common prefix {prefix:.3f}, |dP(yes)| max {max(diffs):.4f} mean "
+            f"{sum(diffs) / len(diffs):.4f}, |d log P(label)| max {dlog:.4f}; bf16 noise floor (off batched "
+            f"vs alone): first token {floor_first:.3f}, common prefix {floor_prefix:.3f}"
+        )
     assert first >= MIN_FIRST_TOKEN_AGREEMENT
     assert prefix >= MIN_COMMON_PREFIX
     assert dlog <= MAX_LABEL_LOGPROB_DIFF

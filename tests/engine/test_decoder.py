@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treesearch.engine import decoder
 from treesearch.common.config import RKSCConfig, Sampling
+from treesearch.engine import decoder
 from treesearch.engine.local import Engine
 from treesearch.models.load import tiny_model
 
@@ -75,9 +75,13 @@ def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(tiny_lm, ba
         monkeypatch.setattr(decoder, "PACK_SINGLES_BYTES", 0)
     base, more = words(20), words(9, 5)
     # cached: the shared base, base + more (rows 0..1 read it: a subset), row 0's own prompt (one row)
-    prompts = [base + more + f" Row {b}:" + words(b, b) if b < 2 else base + f" Row {b}:" + words(b, b)
-               for b in range(batch)]
-    out = decode_both(tiny_lm, prompts, [base, base + more, prompts[0]], Sampling(max_new_tokens=10, ignore_eos=True))
+    prompts = [
+        base + more + f" Row {b}:" + words(b, b) if b < 2 else base + f" Row {b}:" + words(b, b)
+        for b in range(batch)
+    ]
+    out = decode_both(
+        tiny_lm, prompts, [base, base + more, prompts[0]], Sampling(max_new_tokens=10, ignore_eos=True)
+    )
     assert_same(out)
 
 
@@ -118,7 +122,7 @@ def test_rows_own_runs_of_different_lengths_join_one_softmax(tiny_lm, pack, monk
         mask = first.packed[2]
         assert mask.shape == (4, 1, 1, max(lens))
         assert [int((mask[b] == 0).sum()) for b in range(4)] == lens
-        assert all(bool(torch.isinf(mask[b, ..., lens[b]:]).all()) for b in range(4))
+        assert all(bool(torch.isinf(mask[b, ..., lens[b] :]).all()) for b in range(4))
 
 
 def test_the_last_row_left_reads_its_padded_buffer_masked(tiny_lm, monkeypatch):
@@ -230,8 +234,13 @@ def test_without_onednn_and_with_either_attention_the_step_is_the_same(tiny_lm, 
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 4), width=st.integers(1, 300), pad=st.integers(0, 40), scale=st.floats(0.1, 60.0),
-       seed=st.integers(0, 2**16))
+@given(
+    rows=st.integers(1, 4),
+    width=st.integers(1, 300),
+    pad=st.integers(0, 40),
+    scale=st.floats(0.1, 60.0),
+    seed=st.integers(0, 2**16),
+)
 def test_softmax_with_its_log_normaliser_equals_softmax_and_logsumexp(rows, width, pad, scale, seed):
     """The attention's softmax and log-sum-exp, from one fused softmax, over scores of any spread
     with -inf padding (the packed per-row runs): within float32 rounding of torch's own."""

@@ -59,6 +59,7 @@ def test_single_token_labels_score_as_their_first_token(tiny_lm):
 
 def test_a_multi_token_label_under_a_budget_and_in_a_search_scores_the_same(tiny_lm):
     from reliability_problems import Words
+
     from strategies import BFS
     from treesearch import Searcher
 
@@ -67,9 +68,13 @@ def test_a_multi_token_label_under_a_budget_and_in_a_search_scores_the_same(tiny
 
     problem = LongLabels(width=2, depth=2, max_new_tokens=4)
     full = Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False).solve("cats")
-    off = Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(kv_sharing="off"), progress=False).solve("cats")
+    off = Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(kv_sharing="off"), progress=False).solve(
+        "cats"
+    )
     peak = full.stats["peak_kv_bytes"]
-    tight = Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(cache_budget=peak // 2), progress=False).solve("cats")
+    tight = Searcher(
+        tiny_lm, problem, BFS(breadth=2), RKSCConfig(cache_budget=peak // 2), progress=False
+    ).solve("cats")
     for other in (off, tight):
         assert sorted(other.tree.graph) == sorted(full.tree.graph)
         for n in full.tree.graph:

@@ -53,8 +53,13 @@ def test_divergence_inside_a_block_reuses_the_tokens_before_it(tiny_lm):
 
 
 def test_batches_whose_members_have_different_lengths_match_off(tiny_lm):
-    prompts = ["short", "a somewhat longer prompt with more words in it", "mid length prompt here",
-               "short", "x " * 50]
+    prompts = [
+        "short",
+        "a somewhat longer prompt with more words in it",
+        "mid length prompt here",
+        "short",
+        "x " * 50,
+    ]
     _assert_same(_run_both(tiny_lm, prompts, Sampling(max_new_tokens=9)))
 
 

@@ -8,12 +8,16 @@ import pytest
 import torch
 
 from treesearch import Engine, RKSCConfig, Sampling, load_model
-from treesearch.models.dummy import build_config, config_dict, dummy_model, known_names, shipped_tokenizer
 from treesearch.common.errors import ConfigError
+from treesearch.models.dummy import build_config, config_dict, dummy_model, known_names, shipped_tokenizer
 
 # published parameter counts of the real models (embeddings and LM head included)
-PARAMS = {"llama-3.1-8b": 8_030_261_248, "llama-3.2-1b": 1_235_814_400, "qwen2.5-7b": 7_615_616_512,
-          "smollm2-135m": 134_515_008}
+PARAMS = {
+    "llama-3.1-8b": 8_030_261_248,
+    "llama-3.2-1b": 1_235_814_400,
+    "qwen2.5-7b": 7_615_616_512,
+    "smollm2-135m": 134_515_008,
+}
 LABELS = [" yes", " no"]
 
 
@@ -68,8 +72,9 @@ def test_weights_are_seeded_norms_are_one_and_embeddings_stay_tied():
     a = dummy_model("smollm2-135m", num_layers=2, seed=0)
     b = dummy_model("smollm2-135m", num_layers=2, seed=0)
     c = dummy_model("smollm2-135m", num_layers=2, seed=1)
-    for (name, pa), (_, pb), (_, pc) in zip(a.model.named_parameters(), b.model.named_parameters(),
-                                            c.model.named_parameters()):
+    for (name, pa), (_, pb), (_, pc) in zip(
+        a.model.named_parameters(), b.model.named_parameters(), c.model.named_parameters()
+    ):
         assert torch.equal(pa, pb), name
         if "norm" in name:
             assert torch.equal(pa, torch.ones_like(pa)) and torch.equal(pc, pa), name
@@ -103,8 +108,10 @@ def test_qwen_shape_has_zero_biases_and_an_untied_head():
 def test_fixed_length_generation_samples_ids_past_the_tokenizer_and_decodes_them(llama1b_one_layer):
     lm = llama1b_one_layer
     eng = Engine(lm, RKSCConfig(kv_sharing="exact"))
-    gens = eng.generate(["Tom has 3 boxes of 4 apples.", "Tom has 3 boxes of 5 pears."],
-                        Sampling(max_new_tokens=6, ignore_eos=True))
+    gens = eng.generate(
+        ["Tom has 3 boxes of 4 apples.", "Tom has 3 boxes of 5 pears."],
+        Sampling(max_new_tokens=6, ignore_eos=True),
+    )
     assert [len(g.token_ids) for g in gens] == [6, 6] and [g.finish for g in gens] == ["length", "length"]
     ids = [t for g in gens for t in g.token_ids]
     assert any(t >= len(lm.tokenizer) for t in ids)  # rows the tokenizer never feeds, only sampled
@@ -138,14 +145,23 @@ def test_shipped_tokenizer_equals_the_one_converted_from_the_gguf():
     gguf = AutoTokenizer.from_pretrained(str(_converted_default_folder()))
     shipped = shipped_tokenizer()
     assert shipped.get_vocab() == gguf.get_vocab() and len(shipped) == len(gguf) == 49152
-    assert (shipped.bos_token_id, shipped.eos_token_id, shipped.pad_token_id, shipped.unk_token_id) == \
-        (gguf.bos_token_id, gguf.eos_token_id, gguf.pad_token_id, gguf.unk_token_id) == (1, 2, 2, 0)
-    for text in ("Hello world", "4 + 5 = 9 (left: 6 9 10)\n\n", "<|im_start|>user\nhi<|im_end|>",
-                 "  ünïcödé \t tabs  ", "x " * 50):
+    assert (
+        (shipped.bos_token_id, shipped.eos_token_id, shipped.pad_token_id, shipped.unk_token_id)
+        == (gguf.bos_token_id, gguf.eos_token_id, gguf.pad_token_id, gguf.unk_token_id)
+        == (1, 2, 2, 0)
+    )
+    for text in (
+        "Hello world",
+        "4 + 5 = 9 (left: 6 9 10)\n\n",
+        "<|im_start|>user\nhi<|im_end|>",
+        "  ünïcödé \t tabs  ",
+        "x " * 50,
+    ):
         ids = gguf.encode(text)
         assert shipped.encode(text) == ids
         assert shipped.encode(text, add_special_tokens=False) == gguf.encode(text, add_special_tokens=False)
         assert shipped.decode(ids) == gguf.decode(ids)
     chat = [{"role": "user", "content": "What is 2 + 2?"}]
-    assert shipped.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
-        gguf.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert shipped.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True
+    ) == gguf.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)

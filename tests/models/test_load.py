@@ -13,8 +13,11 @@ import re
 import time
 
 import pytest
+from reliability_problems import (
+    Words,
+    one_thread,  # noqa: F401  (an autouse fixture)
+)
 
-from reliability_problems import Words, one_thread  # one_thread: autouse fixture
 from strategies import BFS
 from treesearch import CacheBudgetError, RKSCConfig, Searcher
 
@@ -37,10 +40,11 @@ def context_ids(handle) -> list[int]:
     return [t for s, u in seg.context_chain(used) for t in s.tokens[:u]]
 
 
-def test_two_thousand_nodes_under_a_tight_budget(tiny_lm, one_thread, capsys):
+def test_two_thousand_nodes_under_a_tight_budget(tiny_lm, one_thread, capsys):  # noqa: F811
     problem = Words(width=16, depth=5, max_new_tokens=4)
-    s = Searcher(tiny_lm, problem, BFS(breadth=40), RKSCConfig(kv_sharing="exact", cache_budget=BUDGET),
-                 progress=False)
+    s = Searcher(
+        tiny_lm, problem, BFS(breadth=40), RKSCConfig(kv_sharing="exact", cache_budget=BUDGET), progress=False
+    )
     before = proc_status()
     t0 = time.perf_counter()
     res = s.solve("cats")
@@ -48,9 +52,11 @@ def test_two_thousand_nodes_under_a_tight_budget(tiny_lm, one_thread, capsys):
     after = proc_status()
     tree, st, store = res.tree, res.stats, s.engine.store
     with capsys.disabled():
-        print(f"\nload: {len(tree)} nodes, budget {BUDGET} B, peak held {store.peak_held} B, evicted blocks "
-              f"{st['evicted_blocks']}, recomputed {st['recomputed_tokens']} tokens, RSS {before['VmRSS']} -> "
-              f"{after['VmRSS']} kB (peak {after['VmHWM']} kB), {wall:.1f} s")
+        print(
+            f"\nload: {len(tree)} nodes, budget {BUDGET} B, peak held {store.peak_held} B, evicted blocks "
+            f"{st['evicted_blocks']}, recomputed {st['recomputed_tokens']} tokens, RSS {before['VmRSS']} -> "
+            f"{after['VmRSS']} kB (peak {after['VmHWM']} kB), {wall:.1f} s"
+        )
     assert len(tree) == 2193
     # the budget held and really was tight
     assert store.peak_held <= BUDGET and store.bytes_held <= BUDGET
@@ -66,11 +72,15 @@ def test_two_thousand_nodes_under_a_tight_budget(tiny_lm, one_thread, capsys):
         # the token context survives eviction: prompt ids, then at most max_new_tokens - 1 fed back
         prompt_ids = s.engine.tokenize(problem.expand_prompt(parent["state"]))
         ids = context_ids(d["kv"])
-        assert ids[:len(prompt_ids)] == prompt_ids and len(ids) - len(prompt_ids) <= 3
+        assert ids[: len(prompt_ids)] == prompt_ids and len(ids) - len(prompt_ids) <= 3
     # counters: prefill + reused covers every prompt the model was given
     expanded = [n for n in tree.graph if "generations" in tree.node(n)]
-    gen_prompt_tokens = sum(len(s.engine.tokenize(problem.expand_prompt(tree.node(n)["state"]))) for n in expanded)
-    value_prompts = {problem.value_prompt(tree.node(n)["state"]) for n in tree.graph if "label_probs" in tree.node(n)}
+    gen_prompt_tokens = sum(
+        len(s.engine.tokenize(problem.expand_prompt(tree.node(n)["state"]))) for n in expanded
+    )
+    value_prompts = {
+        problem.value_prompt(tree.node(n)["state"]) for n in tree.graph if "label_probs" in tree.node(n)
+    }
     score_prompt_tokens = sum(len(s.engine.tokenize(q)) for q in value_prompts)
     assert len(value_prompts) == len(tree) - 1
     assert st["prefill_tokens"] + st["reused_tokens"] >= gen_prompt_tokens + score_prompt_tokens
@@ -79,20 +89,26 @@ def test_two_thousand_nodes_under_a_tight_budget(tiny_lm, one_thread, capsys):
     assert after["VmRSS"] - before["VmRSS"] < 1_000_000  # < 1 GB growth: nothing unbounded held
 
 
-def test_counters_are_exact_without_sharing(tiny_lm, one_thread):
+def test_counters_are_exact_without_sharing(tiny_lm, one_thread):  # noqa: F811
     """kv_sharing="off": prefill is exactly the prompts' tokens, nothing reused."""
     problem = Words(width=4, depth=3, max_new_tokens=4)
     s = Searcher(tiny_lm, problem, BFS(breadth=4), RKSCConfig(kv_sharing="off"), progress=False)
     tree, st = (r := s.solve("cats")).tree, r.stats
     expanded = [n for n in tree.graph if "generations" in tree.node(n)]
     gen = sum(len(s.engine.tokenize(problem.expand_prompt(tree.node(n)["state"]))) for n in expanded)
-    val = sum(len(s.engine.tokenize(q)) for q in
-              {problem.value_prompt(tree.node(n)["state"]) for n in tree.graph if "label_probs" in tree.node(n)})
+    val = sum(
+        len(s.engine.tokenize(q))
+        for q in {
+            problem.value_prompt(tree.node(n)["state"]) for n in tree.graph if "label_probs" in tree.node(n)
+        }
+    )
     assert st["reused_tokens"] == 0 and st["prefill_tokens"] == gen + val
     assert st["decode_tokens"] == st["generated_tokens"] - len(expanded)
 
 
-def test_a_budget_below_the_root_prompt_fails_at_start_and_raising_it_to_the_named_minimum_runs_the_search(tiny_lm):
+def test_a_budget_below_the_root_prompt_fails_at_start_and_raising_it_to_the_named_minimum_runs_the_search(
+    tiny_lm,
+):
     """Too small a budget is refused before the first forward, naming the minimum (the root
     prompt's blocks and the batch buffer that computes it). A search's later prompts may be
     longer: a budget that fits the start may stop the search later, again naming what that call
@@ -101,7 +117,9 @@ def test_a_budget_below_the_root_prompt_fails_at_start_and_raising_it_to_the_nam
     problem = Words(width=4, depth=2, max_new_tokens=4)
 
     def run(budget):
-        return Searcher(tiny_lm, problem, BFS(breadth=4), RKSCConfig(cache_budget=budget), progress=False).solve("cats")
+        return Searcher(
+            tiny_lm, problem, BFS(breadth=4), RKSCConfig(cache_budget=budget), progress=False
+        ).solve("cats")
 
     with pytest.raises(CacheBudgetError, match=r"cache_budget=5000 bytes cannot run this call") as info:
         run(5_000)
@@ -119,7 +137,8 @@ def test_a_budget_below_the_root_prompt_fails_at_start_and_raising_it_to_the_nam
             later = int(re.search(r"at least (\d+) bytes", str(exc)).group(1))
             assert later > need and exc.partial_result.stats["model_calls"] > 0
             need = later
-    assert [(n, d["thought"], d["status"]) for n, d in tight.tree.graph.nodes(data=True)] == \
-        [(n, d["thought"], d["status"]) for n, d in full.tree.graph.nodes(data=True)]
+    assert [(n, d["thought"], d["status"]) for n, d in tight.tree.graph.nodes(data=True)] == [
+        (n, d["thought"], d["status"]) for n, d in full.tree.graph.nodes(data=True)
+    ]
     assert tight.stats["recomputed_tokens"] > 0 and full.stats["recomputed_tokens"] == 0
     assert tight.stats["peak_kv_bytes"] <= need < full.stats["peak_kv_bytes"]

@@ -7,12 +7,14 @@ import math
 import pytest
 import torch
 
-from treesearch.policies import asks
 from treesearch.common.config import RKSCConfig
 from treesearch.engine.local import Engine
+from treesearch.policies import asks
 
-TEMPLATE = ("Can the numbers reach 24? Judge sure, likely or impossible.\nNumbers: 10 14\nJudgement: sure\n"
-            "Numbers: 11 12\nJudgement: impossible\nNumbers: ")
+TEMPLATE = (
+    "Can the numbers reach 24? Judge sure, likely or impossible.\nNumbers: 10 14\nJudgement: sure\n"
+    "Numbers: 11 12\nJudgement: impossible\nNumbers: "
+)
 LABELS = [" sure", " likely", " impossible"]
 NUMBERS = ["4 5 6", "4 6 6", "2 5 6", "3 3 8"]
 
@@ -88,7 +90,7 @@ def test_open_gate_attaches_to_the_reference_suffix_kv_and_counts_it(tiny_lm):
         s = attached[0]
         src = ref_chain[ak.asks.refs[s.id]]
         off = s.start - src.start
-        assert torch.equal(s.kv, src.kv[:, :, :, off:off + len(s)])
+        assert torch.equal(s.kv, src.kv[:, :, :, off : off + len(s)])
     ak.store.check_invariants()
 
 
@@ -102,13 +104,18 @@ def test_identical_prompts_take_the_exact_path(tiny_lm):
 
 
 def test_search_records_attachments_on_the_tree(tiny_lm):
-    from strategies import BFS
     from test_rsbcm import Plan
+
+    from strategies import BFS
     from treesearch.search.searcher import Searcher
 
-    s = Searcher(tiny_lm, Plan(), BFS(breadth=3), RKSCConfig(kv_sharing="asks", asks_tau=-1.0), progress=False, seed=3)
+    s = Searcher(
+        tiny_lm, Plan(), BFS(breadth=3), RKSCConfig(kv_sharing="asks", asks_tau=-1.0), progress=False, seed=3
+    )
     r = s.solve(" start")
-    marked = {n: r.tree.node(n)["asks_value"]["ref"] for n in r.tree.graph if r.tree.node(n).get("asks_value")}
+    marked = {
+        n: r.tree.node(n)["asks_value"]["ref"] for n in r.tree.graph if r.tree.node(n).get("asks_value")
+    }
     # value prompts of equal length with a common suffix attach to an earlier node of the same step
     assert marked == {6: 5, 9: 8}
     assert r.stats["asks_attached"] == 2 and r.stats["asks_extra_reused"] == 8

@@ -11,11 +11,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treesearch.policies.cgee import (LayerExit, Thresholds, confidence_value, decisive_branch, exit_layer, label_entropy,
-                             load_thresholds)
 from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.engine.local import Engine
 from treesearch.core.problem import Child, Problem
+from treesearch.engine.local import Engine
+from treesearch.policies.cgee import (
+    LayerExit,
+    Thresholds,
+    confidence_value,
+    decisive_branch,
+    exit_layer,
+    label_entropy,
+    load_thresholds,
+)
 from treesearch.search.verifier import LayerRecorder
 
 LABELS = [" sure", " likely", " impossible"]
@@ -54,8 +61,12 @@ def test_exit_layer_never_exits_while_entropy_moves():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(0.0, 0.69), min_size=3, max_size=12), st.floats(0.0, 0.7), st.floats(0.0, 0.3),
-       st.integers(1, 12))
+@given(
+    st.lists(st.floats(0.0, 0.69), min_size=3, max_size=12),
+    st.floats(0.0, 0.7),
+    st.floats(0.0, 0.3),
+    st.integers(1, 12),
+)
 def test_layer_exit_rule_matches_exit_layer_per_row(hs, theta, eps, m):
     """The engine-facing rule, fed the rows still alive, stops each row where exit_layer says."""
     rows = [hs, hs[::-1], [0.0] * len(hs)]
@@ -160,7 +171,9 @@ def test_per_row_exit_probs_and_no_partial_kv(tiny_lm):
     ref.score(["Numbers: 1 2"], LABELS)
     ref.score([PROMPTS[1], PROMPTS[3]], LABELS)
     assert engine.store.bytes_held == ref.store.bytes_held
-    assert sorted(x[1] for x in _snapshot(engine.store)[:-1]) == sorted(x[1] for x in _snapshot(ref.store)[:-1])
+    assert sorted(x[1] for x in _snapshot(engine.store)[:-1]) == sorted(
+        x[1] for x in _snapshot(ref.store)[:-1]
+    )
     assert before != _snapshot(engine.store)
 
 
@@ -200,7 +213,6 @@ class Branchy(Problem):
 
 def _search(lm, **cfg):
     from strategies import BFS
-
     from treesearch.search.searcher import Searcher
 
     config = RKSCConfig(**cfg)
@@ -242,7 +254,9 @@ def test_measurement_mode_keeps_the_tree_and_counts_disagreements(tiny_lm):
     prompts = sorted({Branchy().value_prompt(t0.node(n)["state"]) for n in t0.graph.nodes if n != 0})
     rec = LayerRecorder()
     full = Engine(tiny_lm, RKSCConfig()).score(prompts, LABELS, exit_rule=rec)
-    want = sum(max(range(3), key=lambda k: tr[1][k]) != max(range(3), key=lambda k: s.probs[LABELS[k]])
-               for tr, s in zip(rec.rows(), full))
+    want = sum(
+        max(range(3), key=lambda k: tr[1][k]) != max(range(3), key=lambda k: s.probs[LABELS[k]])
+        for tr, s in zip(rec.rows(), full)
+    )
     assert measured.stats["cgee_disagreements"] == want
     assert measured.stats["verify_calls"] == off.stats["verify_calls"] == len(prompts)

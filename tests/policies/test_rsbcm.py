@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strategies import BFS
-from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.engine.local import Engine
-from treesearch.common.errors import CacheBudgetError
 from treesearch.cache.kvstore import KVStore
+from treesearch.common.config import RKSCConfig, Sampling
+from treesearch.common.errors import CacheBudgetError
 from treesearch.core.problem import Child, Problem
+from treesearch.engine.local import Engine
 from treesearch.policies.rsbcm import UNSCORED, LRUPolicy, RSBCMPolicy, omega
 from treesearch.search.searcher import Searcher
 
@@ -84,7 +84,7 @@ def test_ties_go_least_recently_used_first_and_unscored_owners_right_after_free_
     store.make_room(0)
     assert store.eviction_log == [5, 3]  # then A2: same omega as B, used less recently
     store2, _ = build({1: 1.0, 2: 1.0})  # owner 3 has no score yet: A2 goes right after the free C,
-    store2.budget = 2 * BS * BPT          # then A (omega 1 from owner 1, older) before B (omega 1)
+    store2.budget = 2 * BS * BPT  # then A (omega 1 from owner 1, older) before B (omega 1)
     store2.make_room(0)
     assert store2.eviction_log == [5, 3, 2, 4]
     store2.check_invariants()
@@ -156,7 +156,9 @@ def test_engine_recomputes_only_the_blocks_a_prompt_uses_of_a_longer_cached_run(
     shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
     bs = eng.store.block_size
     blocks = -(-shared // bs) * eng.store.block_bytes
-    eng.store.budget = blocks + (len(b) - shared + 4) * bpt  # the shared prefix's blocks + the second's buffer
+    eng.store.budget = (
+        blocks + (len(b) - shared + 4) * bpt
+    )  # the shared prefix's blocks + the second's buffer
     out = eng.generate([second], sampling)
     assert out[0].token_ids == Engine(tiny_lm, RKSCConfig()).generate([second], sampling)[0].token_ids
     (seg,) = [s for s in eng.store.resident_segments()]
@@ -182,7 +184,9 @@ def test_engine_budget_below_a_pinned_prompt_fails_at_the_start_naming_the_minim
     need = _named_minimum(info.value)
     n = len(eng.tokenize(prompt))
     # the pinned prompt's blocks, and the batch buffer that computes it (prompt + 8 new tokens)
-    assert need == -(-n // eng.store.block_size) * eng.store.block_bytes + (n + 8) * tiny_lm.kv_bytes_per_token
+    assert (
+        need == -(-n // eng.store.block_size) * eng.store.block_bytes + (n + 8) * tiny_lm.kv_bytes_per_token
+    )
     with pytest.raises(CacheBudgetError):
         engine(need - 1).generate([prompt], sampling, owners=["root"])
     eng = engine(need)  # exactly the minimum is enough, and the pinned prompt stays cached
@@ -197,10 +201,14 @@ def test_engine_budget_below_a_pinned_prompt_fails_at_the_start_naming_the_minim
 
 # -- a search under a tight budget builds the same tree -----------------------------------------
 
-PROPOSE = ("Propose the next step of a plan. Each step names one small action and the tool it needs. "
-           "Example: fetch water with the bucket. Example: cut the rope with the knife. Plan so far:")
-VALUE = ("Judge whether a plan can still succeed. Answer yes or no. Example plan: fetch water, boil it. "
-         "Judgement: yes. Example plan: burn the map, read the map. Judgement: no. Plan:")
+PROPOSE = (
+    "Propose the next step of a plan. Each step names one small action and the tool it needs. "
+    "Example: fetch water with the bucket. Example: cut the rope with the knife. Plan so far:"
+)
+VALUE = (
+    "Judge whether a plan can still succeed. Answer yes or no. Example plan: fetch water, boil it. "
+    "Judgement: yes. Example plan: burn the map, read the map. Judgement: no. Plan:"
+)
 
 
 class Plan(Problem):
@@ -275,8 +283,10 @@ def test_any_budget_gives_the_unbounded_tree_or_refuses_at_the_start(tiny_lm, fr
     except CacheBudgetError as exc:  # refused before the call that cannot fit; nothing found is lost
         assert _named_minimum(exc) > budget
         part = exc.partial_result.tree
-        assert all((part.parent(n), part.node(n)["thought"]) == (full.tree.parent(n), full.tree.node(n)["thought"])
-                   for n in part.graph)
+        assert all(
+            (part.parent(n), part.node(n)["thought"]) == (full.tree.parent(n), full.tree.node(n)["thought"])
+            for n in part.graph
+        )
         assert fraction < 1.0  # the unbounded run's peak is always enough
         return
     assert _signature(tight.tree) == _signature(full.tree)
@@ -296,8 +306,13 @@ def test_game24_search_at_its_least_budget_is_the_unbounded_search(real_lm):
     from treesearch.tasks import Game24
 
     def run(budget):
-        s = Searcher(real_lm, Game24(), BFS(breadth=5), RKSCConfig(kv_sharing="exact", cache_budget=budget),
-                     progress=False)
+        s = Searcher(
+            real_lm,
+            Game24(),
+            BFS(breadth=5),
+            RKSCConfig(kv_sharing="exact", cache_budget=budget),
+            progress=False,
+        )
         return s, s.solve("4 5 6 10")
 
     _, full = run(None)

@@ -18,18 +18,29 @@ import time
 from pathlib import Path
 
 import pytest
-
 from reliability_problems import Words
-from strategies import BFS
 from run_rows import comparable, lines
 from same_results import FirstChild, assert_same
+
+from strategies import BFS
 from treesearch import DistributedError, RKSCConfig, Searcher, run_distributed
 from treesearch.runs.results_file import ResultsFile, run_inputs
 
 pytestmark = pytest.mark.ray
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN = [sys.executable, "-m", "treesearch.cli.main", "run", "game24", "--model", "tiny", "--no-progress", "--threads", "1"]
+RUN = [
+    sys.executable,
+    "-m",
+    "treesearch.cli.main",
+    "run",
+    "game24",
+    "--model",
+    "tiny",
+    "--no-progress",
+    "--threads",
+    "1",
+]
 INPUTS = ["cats", "dogs", "birds", "fish", "cows", "owls", "bees", "ants"]
 WORDS = functools.partial(Words, width=2, depth=2, max_new_tokens=4)  # a picklable problem factory
 
@@ -38,10 +49,20 @@ WORDS = functools.partial(Words, width=2, depth=2, max_new_tokens=4)  # a pickla
 def cluster() -> str:
     """One local Ray cluster of 2 CPUs for the module; its address, for the CLI runs to join."""
     ray = pytest.importorskip("ray")
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "TOKENIZERS_PARALLELISM": "false"}
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
-             object_store_memory=200 * 2**20, logging_level=logging.WARNING, runtime_env={"env_vars": env})
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+        object_store_memory=200 * 2**20,
+        logging_level=logging.WARNING,
+        runtime_env={"env_vars": env},
+    )
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
@@ -58,8 +79,10 @@ def trees(folder: Path) -> dict[str, tuple]:
     for path in sorted(folder.glob("*.json")):
         data = json.loads(path.read_text())
         parent = {link["target"]: link["source"] for link in data["links"]}
-        nodes = [(n["id"], parent.get(n["id"]), n["thought"], json.dumps(n["state"]), n["status"])
-                 for n in data["nodes"]]
+        nodes = [
+            (n["id"], parent.get(n["id"]), n["thought"], json.dumps(n["state"]), n["status"])
+            for n in data["nodes"]
+        ]
         out[path.name] = (nodes, [n["score"] for n in data["nodes"]])
     return out
 
@@ -74,11 +97,13 @@ def assert_same_trees(a: dict, b: dict) -> None:
 
 # -- the Python API ------------------------------------------------------------------------------------
 
+
 def test_run_distributed_equals_solve_many_with_a_users_problem_and_strategy(cluster, tiny_lm):
     searcher = Searcher(tiny_lm, WORDS(), FirstChild(), RKSCConfig(), progress=False)
     ref = list(searcher.solve_many(INPUTS, concurrency=2))
-    got = list(run_distributed(WORDS, INPUTS, workers=2, strategy=FirstChild(), model="tiny", concurrency=2,
-                               batch=1))
+    got = list(
+        run_distributed(WORDS, INPUTS, workers=2, strategy=FirstChild(), model="tiny", concurrency=2, batch=1)
+    )
     assert_same(ref, got)  # in input order, same trees, answers and own work
     assert [r.tree.meta["input"] for r in got] == INPUTS
     assert {r.worker for r in got} == {"worker-0", "worker-1"}  # both took inputs
@@ -110,7 +135,9 @@ def test_a_killed_worker_loses_nothing_and_no_input_is_written_twice(cluster, ti
                     ray.kill(self.run.actors()[name])
                 yield row
 
-    with DistributedRun(problem, workers=2, strategy=BFS(breadth=2), model="tiny", concurrency=2, batch=1) as run:
+    with DistributedRun(
+        problem, workers=2, strategy=BFS(breadth=2), model="tiny", concurrency=2, batch=1
+    ) as run:
         with ResultsFile(tmp_path / "out.jsonl") as out:  # refuses an index written twice
             summary = run_inputs(KillOne(run), list(enumerate(INPUTS)), out, progress=False)
         assert run.restarts == 1  # a replacement was started
@@ -119,7 +146,11 @@ def test_a_killed_worker_loses_nothing_and_no_input_is_written_twice(cluster, ti
     assert sorted(r["index"] for r in rows) == list(range(len(INPUTS)))  # every input once
     by_index = {r["index"]: r for r in rows}
     for i, r in enumerate(ref):
-        assert (by_index[i]["answer"], by_index[i]["solved"], by_index[i]["status"]) == (r.answer, r.solved, "complete")
+        assert (by_index[i]["answer"], by_index[i]["solved"], by_index[i]["status"]) == (
+            r.answer,
+            r.solved,
+            "complete",
+        )
         assert by_index[i]["stats"]["decode_tokens"] == r.stats["decode_tokens"]
     name, keys = killed[0]
     # ray.kill is asynchronous: a reply the worker sent before it died is kept (not run again), so not
@@ -139,31 +170,56 @@ class Locked(Words):
 
 def test_a_problem_that_cannot_be_sent_is_named_before_anything_starts():
     pytest.importorskip("ray")
-    with pytest.raises(DistributedError, match="the problem Locked cannot be sent to the Ray workers.*module level"):
+    with pytest.raises(
+        DistributedError, match="the problem Locked cannot be sent to the Ray workers.*module level"
+    ):
         run_distributed(Locked(), ["a"], workers=1, model="tiny")
 
 
 def test_a_worker_that_cannot_load_its_model_is_one_line(cluster, tmp_path):
-    with pytest.raises(DistributedError, match=r"worker-0 could not start: .*ModelNotFoundError: .*nonexistent"):
+    with pytest.raises(
+        DistributedError, match=r"worker-0 could not start: .*ModelNotFoundError: .*nonexistent"
+    ):
         list(run_distributed(WORDS, ["a"], workers=1, model=str(tmp_path / "nonexistent")))
 
 
 # -- the command line -------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory) -> tuple[list[dict], dict]:
     """The one-process run of game24 rows 900-905 (tiny model): its lines and its trees."""
     folder = tmp_path_factory.mktemp("one")
-    done = cli("--range", "900:906", "--concurrency", "2", "--out", str(folder / "one.jsonl"),
-               "--trees", str(folder / "trees"))
+    done = cli(
+        "--range",
+        "900:906",
+        "--concurrency",
+        "2",
+        "--out",
+        str(folder / "one.jsonl"),
+        "--trees",
+        str(folder / "trees"),
+    )
     assert done.returncode == 0, done.stderr
     return lines(folder / "one.jsonl"), trees(folder / "trees")
 
 
 def test_workers_2_write_the_one_process_file(cluster, one_process, tmp_path):
     rows, tree_files = one_process
-    done = cli("--range", "900:906", "--concurrency", "2", "--workers", "2", "--ray-address", cluster,
-               "--out", str(tmp_path / "ray.jsonl"), "--trees", str(tmp_path / "trees"))
+    done = cli(
+        "--range",
+        "900:906",
+        "--concurrency",
+        "2",
+        "--workers",
+        "2",
+        "--ray-address",
+        cluster,
+        "--out",
+        str(tmp_path / "ray.jsonl"),
+        "--trees",
+        str(tmp_path / "trees"),
+    )
     assert done.returncode == 0, done.stderr
     got = lines(tmp_path / "ray.jsonl")
     assert comparable(sorted(got, key=lambda r: r["index"])) == comparable(rows)
@@ -186,8 +242,18 @@ def test_a_killed_then_interrupted_driver_resumes_without_duplicates(cluster, on
     # 100 inputs: the tiny model's searches take milliseconds, and 30 could all finish between
     # the line the test waits for and the Ctrl-C it then sends (seen on a quiet machine)
     out = tmp_path / "out.jsonl"
-    argv = RUN + ["--range", "900:1000", "--concurrency", "1", "--workers", "2", "--ray-address", cluster,
-                  "--out", str(out)]
+    argv = RUN + [
+        "--range",
+        "900:1000",
+        "--concurrency",
+        "1",
+        "--workers",
+        "2",
+        "--ray-address",
+        cluster,
+        "--out",
+        str(out),
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _wait_lines(out, 2, proc)
     proc.send_signal(signal.SIGKILL)  # the driver dies; its workers go with its job
@@ -222,15 +288,34 @@ def test_an_address_where_nothing_answers_fails_at_once_in_one_line(tmp_path):
     pytest.importorskip("ray")
     port = _free_port()
     t0 = time.monotonic()
-    done = cli("--range", "900:901", "--workers", "2", "--ray-address", f"127.0.0.1:{port}",
-               "--out", str(tmp_path / "x.jsonl"), timeout=120)
+    done = cli(
+        "--range",
+        "900:901",
+        "--workers",
+        "2",
+        "--ray-address",
+        f"127.0.0.1:{port}",
+        "--out",
+        str(tmp_path / "x.jsonl"),
+        timeout=120,
+    )
     assert done.returncode == 2
-    assert done.stderr.splitlines()[-1].startswith(f"treesearch: error: --ray-address 127.0.0.1:{port}: nothing "
-                                                   "answers there")
+    assert done.stderr.splitlines()[-1].startswith(
+        f"treesearch: error: --ray-address 127.0.0.1:{port}: nothing answers there"
+    )
     assert "ray start --head" in done.stderr and "Traceback" not in done.stderr
     assert time.monotonic() - t0 < 60
-    done = cli("--range", "900:901", "--workers", "2", "--ray-address", "nowhere", "--out", str(tmp_path / "y.jsonl"),
-               timeout=120)
+    done = cli(
+        "--range",
+        "900:901",
+        "--workers",
+        "2",
+        "--ray-address",
+        "nowhere",
+        "--out",
+        str(tmp_path / "y.jsonl"),
+        timeout=120,
+    )
     assert done.returncode == 2 and "--ray-address nowhere: write HOST:PORT" in done.stderr
 
 
@@ -247,29 +332,37 @@ def test_without_ray_workers_name_the_install_command_and_the_rest_works(tmp_pat
         "except DistributedError as exc:\n"
         "    print('api:', exc)\n"
         "from treesearch.cli.main import main\n"
-        f"sys.exit(main(['run', 'game24', '--workers', '2', '--out', {str(tmp_path / 'x.jsonl')!r}]))\n")
+        f"sys.exit(main(['run', 'game24', '--workers', '2', '--out', {str(tmp_path / 'x.jsonl')!r}]))\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2, done.stderr
     assert "api: Ray is not installed" in done.stdout and "pip install -e '.[ray]'" in done.stdout
-    assert done.stderr == ("treesearch: error: --workers needs Ray, which is not installed; install it with: "
-                           "pip install -e '.[ray]' (in a checkout of treesearch; elsewhere: pip install "
-                           "'ray>=2.40,<3')\n")
+    assert done.stderr == (
+        "treesearch: error: --workers needs Ray, which is not installed; install it with: "
+        "pip install -e '.[ray]' (in a checkout of treesearch; elsewhere: pip install "
+        "'ray>=2.40,<3')\n"
+    )
     assert not (tmp_path / "x.jsonl").exists()
     # and a run without --workers does not touch Ray
-    code = BLOCK_RAY + ("from treesearch.cli.main import main\n"
-                        f"sys.exit(main(['run', 'game24', '--range', '900:901', '--model', 'tiny', '--no-progress', "
-                        f"'--threads', '1', '--out', {str(tmp_path / 'one.jsonl')!r}]))\n")
+    code = BLOCK_RAY + (
+        "from treesearch.cli.main import main\n"
+        f"sys.exit(main(['run', 'game24', '--range', '900:901', '--model', 'tiny', '--no-progress', "
+        f"'--threads', '1', '--out', {str(tmp_path / 'one.jsonl')!r}]))\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert len(lines(tmp_path / "one.jsonl")) == 1
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--ray-address", "auto"], "--ray-address needs --workers N"),
-    (["--gpus-per-worker", "1"], "--gpus-per-worker needs --workers N"),
-    (["--workers", "0"], "--workers 0: use at least 1 Ray worker"),
-    (["--workers", "2", "--device", "cuda"], "--device cuda with --workers: add --gpus-per-worker 1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--ray-address", "auto"], "--ray-address needs --workers N"),
+        (["--gpus-per-worker", "1"], "--gpus-per-worker needs --workers N"),
+        (["--workers", "0"], "--workers 0: use at least 1 Ray worker"),
+        (["--workers", "2", "--device", "cuda"], "--device cuda with --workers: add --gpus-per-worker 1"),
+    ],
+)
 def test_worker_flag_errors_are_one_line(argv, message, tmp_path, capsys):
     from treesearch.cli import main as cli_module
 
@@ -281,6 +374,7 @@ def test_worker_flag_errors_are_one_line(argv, message, tmp_path, capsys):
 
 # -- the default model -------------------------------------------------------------------------------------
 
+
 @pytest.mark.real_model
 @pytest.mark.slow
 def test_two_workers_with_the_default_model_equal_one_process(cluster, real_lm):
@@ -288,7 +382,9 @@ def test_two_workers_with_the_default_model_equal_one_process(cluster, real_lm):
 
     puzzles = load_puzzles(900, 902)
     bfs = BFS(breadth=1, max_depth=1)  # one move deep: short, and still real generations and scores
-    ref = list(Searcher(real_lm, Game24(), bfs, RKSCConfig(), progress=False).solve_many(puzzles, concurrency=2))
+    ref = list(
+        Searcher(real_lm, Game24(), bfs, RKSCConfig(), progress=False).solve_many(puzzles, concurrency=2)
+    )
     got = list(run_distributed(Game24, puzzles, workers=2, strategy=bfs, concurrency=1, batch=1))
     assert_same(ref, got)
     assert {r.worker for r in got} == {"worker-0", "worker-1"}

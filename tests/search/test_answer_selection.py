@@ -30,8 +30,12 @@ def test_bfs_answer_comes_from_the_finished_leaf_not_the_frontier_state_valued_h
 
 
 def test_the_best_valued_of_several_answers_is_reported(tiny_lm):
-    problem = TableProblem({"": ["a", "b", "c", "d"]}, {"a": 0.2, "b": 0.7, "c": 0.95, "d": 0.7},
-                           terminal={"a", "b", "d"}, max_depth=1)
+    problem = TableProblem(
+        {"": ["a", "b", "c", "d"]},
+        {"a": 0.2, "b": 0.7, "c": 0.95, "d": 0.7},
+        terminal={"a", "b", "d"},
+        max_depth=1,
+    )
     result = solve(tiny_lm, problem, BFS(breadth=4))
     assert (result.best, result.answer_node, result.answer) == (3, 2, "b")  # 0.7 twice: the lower id
 
@@ -65,8 +69,10 @@ def test_no_answer_anywhere_says_so_naming_the_best_node(tiny_lm):
     problem = TableProblem({"": ["a", "b"]}, {"a": 0.3, "b": 0.9}, max_depth=1)
     result = solve(tiny_lm, problem, BFS(breadth=2))
     assert (result.best, result.answer_node, result.answer, result.solved) == (2, None, None, False)
-    assert answer_lines(result) == ["no solution found; no node states an answer (best node #2, value 0.90)",
-                                    "solved: no"]
+    assert answer_lines(result) == [
+        "no solution found; no node states an answer (best node #2, value 0.90)",
+        "solved: no",
+    ]
 
 
 def test_answer_node_round_trips_and_old_files_read_it_from_best(tiny_lm, tmp_path):
@@ -89,12 +95,15 @@ def test_gsm8k_on_the_default_model_reports_the_best_valued_stated_answer(real_l
 
     problem = GSM8K(max_steps=3, max_new_tokens=24)
     result = Searcher(real_lm, problem, BFS(breadth=3), seed=0, progress=False).solve(
-        "Tom has 3 boxes of 4 apples and eats 2. How many are left?")
+        "Tom has 3 boxes of 4 apples and eats 2. How many are left?"
+    )
     tree = result.tree
     stating = [n for n in tree.graph if tree.node(n)["state"].answer is not None]
     assert stating, "the default model wrote no 'The answer is N.' step"
     best = max(stating, key=lambda n: (tree.node(n)["score"], -n))
     assert result.answer_node == best and result.answer == tree.node(best)["state"].answer
     assert result.solved is False  # no gold answer to check against
-    assert answer_lines(result)[0] == (f"no solution found; best attempt: {result.answer} "
-                                       f"(node #{best}, value {tree.node(best)['score']:.2f})")
+    assert answer_lines(result)[0] == (
+        f"no solution found; best attempt: {result.answer} "
+        f"(node #{best}, value {tree.node(best)['score']:.2f})"
+    )

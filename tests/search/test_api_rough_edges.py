@@ -11,7 +11,16 @@ import pytest
 
 import strategies
 from strategies import BFS
-from treesearch import Child, Problem, ProblemDefinitionError, Sampling, SaveFileError, Searcher, SearchResult, ThoughtTree
+from treesearch import (
+    Child,
+    Problem,
+    ProblemDefinitionError,
+    Sampling,
+    SaveFileError,
+    Searcher,
+    SearchResult,
+    ThoughtTree,
+)
 
 
 class Letters(Problem):
@@ -43,27 +52,42 @@ class SetLetters(Letters):
 def test_a_problem_class_is_refused_naming_the_instance(tiny_lm):
     with pytest.raises(TypeError) as info:
         Searcher(tiny_lm, Letters)
-    assert str(info.value) == "Searcher needs a Problem instance, got the class Letters; pass Letters() instead"
+    assert (
+        str(info.value) == "Searcher needs a Problem instance, got the class Letters; pass Letters() instead"
+    )
 
 
-@pytest.mark.parametrize("name, fix", [("mcts", "strategies.MCTS(...)"), ("BFS", "strategies.BFS(...)"),
-                                       ("beam", "strategies.Beam(...)"),
-                                       ("greedy", "a strategy object such as strategies.BFS(breadth=5)")])
+@pytest.mark.parametrize(
+    "name, fix",
+    [
+        ("mcts", "strategies.MCTS(...)"),
+        ("BFS", "strategies.BFS(...)"),
+        ("beam", "strategies.Beam(...)"),
+        ("greedy", "a strategy object such as strategies.BFS(breadth=5)"),
+    ],
+)
 def test_a_strategy_name_is_refused_naming_the_class(tiny_lm, name, fix):
     with pytest.raises(TypeError) as info:
         Searcher(tiny_lm, Letters(), name)
-    assert str(info.value) == (f"Searcher needs a strategy object, got the string {name!r}; pass {fix} "
-                               "(strategy names are for the command line's --strategy)")
+    assert str(info.value) == (
+        f"Searcher needs a strategy object, got the string {name!r}; pass {fix} "
+        "(strategy names are for the command line's --strategy)"
+    )
 
 
 def test_a_strategy_class_is_refused_naming_the_call(tiny_lm):
     with pytest.raises(TypeError) as info:
         Searcher(tiny_lm, Letters(), strategies.DFS)
-    assert str(info.value) == "Searcher needs a strategy object, got the class DFS; pass DFS() (with its settings) instead"
+    assert (
+        str(info.value)
+        == "Searcher needs a strategy object, got the class DFS; pass DFS() (with its settings) instead"
+    )
 
 
 def test_an_object_without_run_is_refused(tiny_lm):
-    with pytest.raises(TypeError, match=r"^Searcher needs a strategy with a run\(searcher\) method, got int; "):
+    with pytest.raises(
+        TypeError, match=r"^Searcher needs a strategy with a run\(searcher\) method, got int; "
+    ):
         Searcher(tiny_lm, Letters(), 3)
 
 
@@ -80,14 +104,20 @@ def test_greedy_sampling_with_several_samples_warns_once_naming_temperature(tiny
     assert [str(w.message) for w in caught] == [
         "ThreeGreedySamples.samples_per_expand=3 with greedy sampling (temperature=0): the 3 generations of a node "
         "are identical and merge into one child; sample with a temperature > 0 (e.g. Sampling(temperature=0.7) or "
-        "--temperature 0.7) or set samples_per_expand=1"]
+        "--temperature 0.7) or set samples_per_expand=1"
+    ]
     assert caught[0].category is UserWarning and caught[0].filename == __file__
 
 
 def test_sampling_or_one_sample_does_not_warn(tiny_lm):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        Searcher(tiny_lm, ThreeGreedySamples(), sampling=Sampling(max_new_tokens=2, temperature=0.7), progress=False)
+        Searcher(
+            tiny_lm,
+            ThreeGreedySamples(),
+            sampling=Sampling(max_new_tokens=2, temperature=0.7),
+            progress=False,
+        )
         Searcher(tiny_lm, Letters(), progress=False)
 
 
@@ -99,7 +129,8 @@ def test_saving_a_set_state_raises_naming_state_to_json_and_writes_nothing(tiny_
     assert str(info.value) == (
         "SetLetters: a state of type frozenset cannot be saved as JSON (Object of type frozenset is not JSON "
         "serializable); define SetLetters.state_to_json(state) returning JSON data (dict, list, str, numbers) and "
-        "SetLetters.state_from_json(data) rebuilding the state")
+        "SetLetters.state_from_json(data) rebuilding the state"
+    )
     assert not path.exists() and list(tmp_path.iterdir()) == []
 
 
@@ -120,8 +151,10 @@ def test_tree_load_of_a_search_result_points_to_search_result_load(tiny_lm, tmp_
     path = Searcher(tiny_lm, Letters(), BFS(breadth=2), progress=False).solve("x").save(tmp_path / "r.json")
     with pytest.raises(SaveFileError) as info:
         ThoughtTree.load(path)
-    assert str(info.value) == (f"{path} is a saved search result, not a bare tree: use SearchResult.load(path, "
-                               "problem) and take its .tree")
+    assert str(info.value) == (
+        f"{path} is a saved search result, not a bare tree: use SearchResult.load(path, "
+        "problem) and take its .tree"
+    )
 
 
 def test_the_progress_bar_shows_one_count_the_trees_size(tiny_lm):

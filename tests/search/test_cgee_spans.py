@@ -10,21 +10,64 @@ import math
 import re
 
 import pytest
+from reliability_problems import (
+    Words,
+    assert_same_tree,
+    one_thread,  # noqa: F401  (an autouse fixture)
+    tree_data,
+)
 
-from reliability_problems import Words, assert_same_tree, one_thread, tree_data  # one_thread: autouse fixture
 from treesearch import Child, RKSCConfig, Searcher
-from treesearch.policies.cgee import span_confidence, span_tokens, token_offsets
-from treesearch.engine.local import Engine
-from treesearch.common.seeds import stable_seed
 from treesearch.common.errors import ProblemDefinitionError
+from treesearch.common.seeds import stable_seed
+from treesearch.engine.local import Engine
+from treesearch.policies.cgee import span_confidence, span_tokens, token_offsets
 
 # Two move lines and the start of a stop string, as SmolLM2's tokenizer splits them (38 tokens):
 #   tokens 0-17  "3 + 5 = 8 (left: 7 8 9)\n"   (token 17 is the newline)
 #   tokens 18-35 "9 - 7 = 2 (left: 2 3 5)\n"
 #   tokens 36-37 "Numbers:"
 TEXT = "3 + 5 = 8 (left: 7 8 9)\n9 - 7 = 2 (left: 2 3 5)\nNumbers:"
-IDS = [35, 1232, 216, 37, 446, 216, 40, 365, 8842, 42, 216, 39, 216, 40, 216, 41, 25, 198,
-       41, 731, 216, 39, 446, 216, 34, 365, 8842, 42, 216, 34, 216, 35, 216, 37, 25, 198, 39006, 42]
+IDS = [
+    35,
+    1232,
+    216,
+    37,
+    446,
+    216,
+    40,
+    365,
+    8842,
+    42,
+    216,
+    39,
+    216,
+    40,
+    216,
+    41,
+    25,
+    198,
+    41,
+    731,
+    216,
+    39,
+    446,
+    216,
+    34,
+    365,
+    8842,
+    42,
+    216,
+    34,
+    216,
+    35,
+    216,
+    37,
+    25,
+    198,
+    39006,
+    42,
+]
 
 
 def test_token_offsets_and_line_spans_on_a_hand_made_generation(tiny_lm):
@@ -34,7 +77,9 @@ def test_token_offsets_and_line_spans_on_a_hand_made_generation(tiny_lm):
     assert "".join(TEXT[a:b] for a, b in offs) == TEXT
     assert offs[:4] == [(0, 1), (1, 3), (3, 4), (4, 5)]
     line1, line2 = (0, 23), (24, 47)  # the lines without their newlines
-    assert TEXT[slice(*line1)] == "3 + 5 = 8 (left: 7 8 9)" and TEXT[slice(*line2)] == "9 - 7 = 2 (left: 2 3 5)"
+    assert (
+        TEXT[slice(*line1)] == "3 + 5 = 8 (left: 7 8 9)" and TEXT[slice(*line2)] == "9 - 7 = 2 (left: 2 3 5)"
+    )
     assert span_tokens(offs, line1) == (0, 17)
     assert span_tokens(offs, line2) == (18, 35)
     assert span_tokens(offs, (2, 2)) == (0, 0)  # an empty span overlaps no token
@@ -90,8 +135,9 @@ class SpanWords(Words):
 def _search(lm, problem, strategy_breadth=2):
     from strategies import BFS
 
-    return Searcher(lm, problem, BFS(breadth=strategy_breadth), RKSCConfig(kv_sharing="exact"),
-                    progress=False)
+    return Searcher(
+        lm, problem, BFS(breadth=strategy_breadth), RKSCConfig(kv_sharing="exact"), progress=False
+    )
 
 
 def test_searcher_gives_each_child_its_spans_confidence(tiny_lm):
@@ -99,8 +145,9 @@ def test_searcher_gives_each_child_its_spans_confidence(tiny_lm):
     res = _search(tiny_lm, problem).solve("cats")
     tree = res.tree
     # the root's generation again, same prompt and per-node seed: its tokens and log p are known
-    gen = Engine(tiny_lm, RKSCConfig()).generate([problem.expand_prompt(tree.node(0)["state"])], problem.sampling,
-                                                 seeds=[stable_seed(0, 0, 0)])[0]
+    gen = Engine(tiny_lm, RKSCConfig()).generate(
+        [problem.expand_prompt(tree.node(0)["state"])], problem.sampling, seeds=[stable_seed(0, 0, 0)]
+    )[0]
     assert tree.node(0)["generation_ids"] == [gen.token_ids]
     offs = token_offsets(tiny_lm.tokenizer, gen.token_ids)
     words = list(re.finditer(r"\S+", gen.text))
@@ -121,9 +168,11 @@ def test_searcher_gives_each_child_its_spans_confidence(tiny_lm):
 def test_children_without_spans_keep_the_generation_confidence(tiny_lm):
     res = _search(tiny_lm, Words(width=3, depth=1, max_new_tokens=8, temperature=1.0)).solve("cats")
     tree = res.tree
-    gen = Engine(tiny_lm, RKSCConfig()).generate([Words().expand_prompt(tree.node(0)["state"])],
-                                                 Words(max_new_tokens=8, temperature=1.0).sampling,
-                                                 seeds=[stable_seed(0, 0, 0)])[0]
+    gen = Engine(tiny_lm, RKSCConfig()).generate(
+        [Words().expand_prompt(tree.node(0)["state"])],
+        Words(max_new_tokens=8, temperature=1.0).sampling,
+        seeds=[stable_seed(0, 0, 0)],
+    )[0]
     kids = sorted(tree.graph.successors(0))
     assert [tree.node(c)["confidence"] for c in kids] == pytest.approx([gen.confidence] * 3, rel=1e-6)
 

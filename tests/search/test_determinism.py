@@ -11,9 +11,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
+from reliability_problems import (
+    Words,
+    one_thread,  # noqa: F401  (an autouse fixture)
+    tree_data,
+)
 
-from reliability_problems import Words, one_thread, tree_data  # one_thread: autouse fixture
 from strategies import BFS
 from treesearch import RKSCConfig, Searcher
 
@@ -22,10 +25,18 @@ CASES = {"greedy": dict(temperature=0.0, samples=1), "sampled": dict(temperature
 
 def run(lm, case: str, seed: int = 0, kv: str = "exact") -> dict:
     problem = Words(depth=3, **CASES[case])
-    res = Searcher(lm, problem, BFS(breadth=2), RKSCConfig(kv_sharing=kv), seed=seed, progress=False).solve("cats")
+    res = Searcher(lm, problem, BFS(breadth=2), RKSCConfig(kv_sharing=kv), seed=seed, progress=False).solve(
+        "cats"
+    )
     data = tree_data(res, problem)
-    return {"tree": data, "best": res.best, "answer": res.answer,
-            "stats": {k: res.stats[k] for k in ("prefill_tokens", "reused_tokens", "decode_tokens", "unique_tokens")}}
+    return {
+        "tree": data,
+        "best": res.best,
+        "answer": res.answer,
+        "stats": {
+            k: res.stats[k] for k in ("prefill_tokens", "reused_tokens", "decode_tokens", "unique_tokens")
+        },
+    }
 
 
 SCRIPT = textwrap.dedent("""
@@ -61,8 +72,10 @@ def test_same_seed_same_tree_in_two_processes(tiny_lm, tmp_path):
     script = tmp_path / "determinism_run.py"
     script.write_text(SCRIPT)
     tests = str(Path(__file__).resolve().parent)
-    procs = [subprocess.Popen([sys.executable, str(script), tests, "1"], stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, str(script), tests, "1"], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
     first, second = (json.loads(o) for o in outs)

@@ -5,8 +5,11 @@ caught before torch sees them. The engine raises ContextTooLongError; a search m
 from __future__ import annotations
 
 import pytest
+from reliability_problems import (
+    Words,
+    one_thread,  # noqa: F401  (an autouse fixture)
+)
 
-from reliability_problems import Words, one_thread  # one_thread: autouse fixture
 from strategies import BFS
 from treesearch import ContextTooLongError, Engine, RKSCConfig, Sampling, Searcher
 from treesearch.search.limits import floor_value
@@ -39,7 +42,9 @@ def test_search_marks_branches_whose_expand_prompt_outgrew_the_window(tiny_lm, k
     assert max(t.node(n)["depth"] for n in t.graph) == 3
     # the two depth-3 nodes BFS kept are the overflowed ones; the others were never expanded
     assert len(over) == 2
-    assert all("empty_expansion" not in t.node(n) for n in t.graph if t.node(n)["depth"] == 3 and n not in over)
+    assert all(
+        "empty_expansion" not in t.node(n) for n in t.graph if t.node(n)["depth"] == 3 and n not in over
+    )
     assert all(len(t.node(n)["generations"]) == 1 for n in t.graph if t.node(n)["status"] == "expanded")
 
 
@@ -54,7 +59,11 @@ def test_search_gives_the_floor_score_when_the_value_prompt_outgrew_the_window(t
         assert t.node(n)["score"] == floor_value(problem) == 0.0
         # pruned at valuation; BFS may still keep and expand one (its expand prompt fits)
         assert t.node(n)["status"] == ("expanded" if t.children(n) else "pruned")
-    assert all(t.node(n)["score"] is not None and "label_probs" in t.node(n) for n in t.graph if t.node(n)["depth"] == 1)
+    assert all(
+        t.node(n)["score"] is not None and "label_probs" in t.node(n)
+        for n in t.graph
+        if t.node(n)["depth"] == 1
+    )
 
 
 def test_floor_value_is_the_lowest_label_weight_inside_the_range():

@@ -4,17 +4,14 @@ one `solve(x)` gives alone, whatever the concurrency."""
 from __future__ import annotations
 
 import pytest
-
 from reliability_problems import Words
-from strategies import BFS, DFS, MCTS, Beam, evaluate_once, expand_once
-from treesearch import CacheBudgetError, Child, Problem, RKSCConfig, Searcher
+from same_results import STRATEGIES, assert_same, signature
+
+from strategies import BFS
+from treesearch import RKSCConfig, Searcher
 from treesearch.engine.local import Engine
 
-from same_results import COUNTED, STRATEGIES, FirstChild, assert_same, signature
-
 INPUTS = ["cats", "dogs", "birds", "fish", "cows"]
-
-
 
 
 def alone(lm, problem, make, config=None):
@@ -26,7 +23,9 @@ def test_solve_many_equals_each_input_solved_alone(tiny_lm, name):
     problem = Words(width=2, depth=3, max_new_tokens=5, chain=name in ("bfs", "mcts"))
     make = STRATEGIES[name]
     ref = alone(tiny_lm, problem, make)
-    many = list(Searcher(tiny_lm, problem, make(), RKSCConfig(), progress=False).solve_many(INPUTS, concurrency=3))
+    many = list(
+        Searcher(tiny_lm, problem, make(), RKSCConfig(), progress=False).solve_many(INPUTS, concurrency=3)
+    )
     assert_same(ref, many)
     assert [r.tree.meta["input"] for r in many] == INPUTS  # input order
 
@@ -35,7 +34,10 @@ def test_results_do_not_depend_on_the_concurrency(tiny_lm):
     problem = Words(width=2, depth=3, max_new_tokens=5, samples=2, temperature=0.9)  # seeded sampling
     searcher = Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False, seed=5)
     runs = {c: list(searcher.solve_many(INPUTS, concurrency=c)) for c in (1, 3, 8)}
-    ref = [Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False, seed=5).solve(x) for x in INPUTS]
+    ref = [
+        Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False, seed=5).solve(x)
+        for x in INPUTS
+    ]
     for c, results in runs.items():
         assert_same(ref, results)
 
@@ -44,8 +46,10 @@ class Templated(Words):
     """Words with a long instruction before every expand prompt (a few-shot template)."""
 
     def expand_prompt(self, state):
-        return ("Continue the list with one more word. Examples: apple pear plum; red blue green; one two three. "
-                + super().expand_prompt(state))
+        return (
+            "Continue the list with one more word. Examples: apple pear plum; red blue green; one two three. "
+            + super().expand_prompt(state)
+        )
 
 
 def test_concurrent_searches_share_engine_calls_and_the_template_is_computed_once(tiny_lm, monkeypatch):
@@ -64,7 +68,9 @@ def test_concurrent_searches_share_engine_calls_and_the_template_is_computed_onc
     assert len(calls) < per_search  # merged: fewer engine calls than the searches made
     assert max(calls) >= 4  # the root expansions of the four searches ran in one call
     calls.clear()
-    ref = [Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False).solve(x) for x in INPUTS[:4]]
+    ref = [
+        Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False).solve(x) for x in INPUTS[:4]
+    ]
     assert len(calls) == per_search
     # the shared part of the prompts is computed once for all four searches, not once per search
     assert sum(r.stats["prefill_tokens"] for r in many) < sum(r.stats["prefill_tokens"] for r in ref)
@@ -72,8 +78,11 @@ def test_concurrent_searches_share_engine_calls_and_the_template_is_computed_onc
 
 def test_a_shared_budget_gives_the_same_trees_and_bounds_all_kv(tiny_lm):
     problem = Words(width=2, depth=3, max_new_tokens=5, chain=True)
-    unbounded = list(Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False)
-                     .solve_many(INPUTS, concurrency=5))
+    unbounded = list(
+        Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False).solve_many(
+            INPUTS, concurrency=5
+        )
+    )
     peak = max(r.stats["peak_kv_bytes"] for r in unbounded)
     budget = peak // 4
     searcher = Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(cache_budget=budget), progress=False)
@@ -122,7 +131,8 @@ def test_stopping_early_ends_every_search_thread(tiny_lm):
 
     problem = Words(width=2, depth=3, max_new_tokens=4)
     results = Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False).solve_many(
-        INPUTS * 2, concurrency=4)
+        INPUTS * 2, concurrency=4
+    )
     first = next(results)
     assert first.status == "complete"
     results.close()  # the caller stops reading: the live searches are cancelled and joined
@@ -168,7 +178,12 @@ def test_game24_puzzles_at_concurrency_4_equal_their_solves_alone_on_the_default
     from treesearch.tasks import Game24
 
     puzzles = ["4 5 6 10", "1 2 4 7", "3 3 8 8", "2 5 7 9"]
-    ref = [Searcher(real_lm, Game24(), BFS(breadth=5), RKSCConfig(), progress=False).solve(x) for x in puzzles]
-    many = list(Searcher(real_lm, Game24(), BFS(breadth=5), RKSCConfig(), progress=False)
-                .solve_many(puzzles, concurrency=4))
+    ref = [
+        Searcher(real_lm, Game24(), BFS(breadth=5), RKSCConfig(), progress=False).solve(x) for x in puzzles
+    ]
+    many = list(
+        Searcher(real_lm, Game24(), BFS(breadth=5), RKSCConfig(), progress=False).solve_many(
+            puzzles, concurrency=4
+        )
+    )
     assert_same(ref, many)

@@ -11,9 +11,14 @@ from fractions import Fraction
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reliability_problems import (
+    Words,
+    assert_same_tree,
+    one_thread,  # noqa: F401  (an autouse fixture)
+    tree_data,
+)
 
-from reliability_problems import Words, assert_same_tree, one_thread, tree_data  # one_thread: autouse fixture
-from strategies import MCTS, BFS
+from strategies import BFS, MCTS
 from treesearch import SaveFileError, Searcher, SearchResult, ThoughtTree
 from treesearch.tasks.game24 import Game24, Game24State
 
@@ -32,11 +37,17 @@ def test_round_trip_keeps_everything(mcts_result, tmp_path):
     for n, d in res.tree.graph.nodes(data=True):
         b = back.tree.node(n)
         assert b["state"] == d["state"] and isinstance(b["state"], tuple)
-        assert {k: b[k] for k in ("thought", "score", "status", "visits", "value_sum", "terminal", "solved")} == \
-               {k: d[k] for k in ("thought", "score", "status", "visits", "value_sum", "terminal", "solved")}
+        assert {
+            k: b[k] for k in ("thought", "score", "status", "visits", "value_sum", "terminal", "solved")
+        } == {k: d[k] for k in ("thought", "score", "status", "visits", "value_sum", "terminal", "solved")}
         assert b["kv"] is None
-    assert (back.best, back.answer, back.solved, back.status, back.error) == \
-           (res.best, res.answer, res.solved, "complete", None)
+    assert (back.best, back.answer, back.solved, back.status, back.error) == (
+        res.best,
+        res.answer,
+        res.solved,
+        "complete",
+        None,
+    )
     assert back.stats == res.stats and back.config == res.config
     assert back.tree.meta == res.tree.meta
     assert list(back.tree.graph.edges) == list(res.tree.graph.edges)
@@ -46,8 +57,13 @@ def test_round_trip_of_exact_game24_states(tmp_path):
     p = Game24()
     tree = ThoughtTree()
     root = tree.add_root(p.initial_state("4 5 6 10"))
-    kid = tree.add_child(root, "10 / 4 = 5/2 (left: 5/2 5 6)", Game24State(
-        puzzle=(4, 5, 6, 10), numbers=(Fraction(5, 2), Fraction(5), Fraction(6)), steps=("10 / 4 = 5/2",)))
+    kid = tree.add_child(
+        root,
+        "10 / 4 = 5/2 (left: 5/2 5 6)",
+        Game24State(
+            puzzle=(4, 5, 6, 10), numbers=(Fraction(5, 2), Fraction(5), Fraction(6)), steps=("10 / 4 = 5/2",)
+        ),
+    )
     tree.node(kid)["score"] = 0.125
     res = SearchResult(tree=tree, best=kid, answer=None, solved=False, problem=p)
     back = SearchResult.load(res.save(tmp_path / "g.json"), p)
@@ -77,20 +93,28 @@ def saved_bytes(mcts_result, tmp_path) -> bytes:
 def test_every_truncation_is_refused(mcts_result, tmp_path):
     raw = saved_bytes(mcts_result, tmp_path)
     cut = tmp_path / "cut.json"
-    for n in sorted({0, 1, 2, 10, len(raw) // 3, len(raw) // 2, len(raw) - 3, len(raw) - 2} | set(range(0, len(raw) - 1, 997))):
+    for n in sorted(
+        {0, 1, 2, 10, len(raw) // 3, len(raw) // 2, len(raw) - 3, len(raw) - 2}
+        | set(range(0, len(raw) - 1, 997))
+    ):
         cut.write_bytes(raw[:n])
         with pytest.raises(SaveFileError, match="empty|not valid JSON|nothing was loaded"):
             SearchResult.load(cut, Words())
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], derandomize=True)
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
 @given(data=st.data())
 def test_any_single_byte_change_is_refused_or_harmless(mcts_result, tmp_path, data):
     raw = saved_bytes(mcts_result, tmp_path)
     pos = data.draw(st.integers(0, len(raw) - 2))
     new = data.draw(st.integers(0, 255).filter(lambda b: b != raw[pos]))
     bad = tmp_path / "bad.json"
-    bad.write_bytes(raw[:pos] + bytes([new]) + raw[pos + 1:])
+    bad.write_bytes(raw[:pos] + bytes([new]) + raw[pos + 1 :])
     try:
         back = SearchResult.load(bad, Words())
     except SaveFileError:
@@ -108,20 +132,23 @@ def test_checksum_catches_a_changed_score(mcts_result, tmp_path):
         SearchResult.load(path, Words())
 
 
-@pytest.mark.parametrize("mutate,pattern", [
-    (lambda d: d["nodes"].pop(), "does not join two known nodes"),
-    (lambda d: d["nodes"][1].update(id=7), "ids must be 0"),
-    (lambda d: d["nodes"][2].update(status="weird"), "status 'weird'"),
-    (lambda d: d["nodes"][2].update(depth=5), "node 2 has depth 5"),
-    (lambda d: d["nodes"][2].update(visits="3"), "attribute 'visits'"),
-    (lambda d: d["nodes"][2].update(score="high"), "score is 'high'"),
-    (lambda d: d["nodes"][2].pop("state"), "node 2 has no state"),
-    (lambda d: d["links"].append({"source": 2, "target": 1}), "one parent with a smaller id"),
-    (lambda d: d["links"].append({"source": 0, "target": 99}), "does not join two known nodes"),
-    (lambda d: d["links"].pop(0), "have no parent"),
-    (lambda d: d.update(nodes="x"), "expected node-link JSON"),
-    (lambda d: d["graph"].update(format="treesearch-tree/999"), "format"),
-])
+@pytest.mark.parametrize(
+    "mutate,pattern",
+    [
+        (lambda d: d["nodes"].pop(), "does not join two known nodes"),
+        (lambda d: d["nodes"][1].update(id=7), "ids must be 0"),
+        (lambda d: d["nodes"][2].update(status="weird"), "status 'weird'"),
+        (lambda d: d["nodes"][2].update(depth=5), "node 2 has depth 5"),
+        (lambda d: d["nodes"][2].update(visits="3"), "attribute 'visits'"),
+        (lambda d: d["nodes"][2].update(score="high"), "score is 'high'"),
+        (lambda d: d["nodes"][2].pop("state"), "node 2 has no state"),
+        (lambda d: d["links"].append({"source": 2, "target": 1}), "one parent with a smaller id"),
+        (lambda d: d["links"].append({"source": 0, "target": 99}), "does not join two known nodes"),
+        (lambda d: d["links"].pop(0), "have no parent"),
+        (lambda d: d.update(nodes="x"), "expected node-link JSON"),
+        (lambda d: d["graph"].update(format="treesearch-tree/999"), "format"),
+    ],
+)
 def test_tree_files_are_checked_before_building(mcts_result, tmp_path, mutate, pattern):
     data = mcts_result.tree.to_json(Words().state_to_json)
     mutate(data)

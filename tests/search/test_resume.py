@@ -9,17 +9,30 @@ import os
 import signal
 
 import pytest
+from reliability_problems import (
+    FailAt,
+    Words,
+    assert_same_tree,
+    tree_data,
+)  # one_thread: autouse fixture
 
 import strategies
-from reliability_problems import FailAt, Words, assert_same_tree, one_thread, tree_data  # one_thread: autouse fixture
-from treesearch import RKSCConfig, ResumeError, Searcher, SearchResult
+from treesearch import ResumeError, RKSCConfig, Searcher, SearchResult
 
 NAMES = sorted(getattr(strategies, "FROM_CLI", {"bfs": None}))
 
 
 def make_strategy(name: str):
-    args = argparse.Namespace(breadth=2, depth=None, iterations=6, exploration=None, threshold=None,
-                              max_states=8, seed=0, strategy=name)
+    args = argparse.Namespace(
+        breadth=2,
+        depth=None,
+        iterations=6,
+        exploration=None,
+        threshold=None,
+        max_states=8,
+        seed=0,
+        strategy=name,
+    )
     if not hasattr(strategies, "FROM_CLI"):
         return strategies.BFS(breadth=2)
     return strategies.FROM_CLI[name](args)
@@ -45,7 +58,9 @@ CASES += [("bfs", "parse_children", 3, KeyboardInterrupt())]
 
 
 @pytest.mark.parametrize("name,method,at,exc", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
-def test_interrupted_search_resumes_from_file_to_the_uninterrupted_tree(tiny_lm, tmp_path, name, method, at, exc):
+def test_interrupted_search_resumes_from_file_to_the_uninterrupted_tree(
+    tiny_lm, tmp_path, name, method, at, exc
+):
     ref = reference(tiny_lm, name, "off")
     assert len(ref.tree) > 4  # the search is big enough for the interruption to land mid-way
     s = searcher(tiny_lm, FailAt(method, at, exc), name)
@@ -131,7 +146,9 @@ def test_partial_result_is_reachable_for_any_exception(tiny_lm, tmp_path):
     assert any("partial search" in note for note in getattr(info.value, "__notes__", []))
     loaded = SearchResult.load(part.save(tmp_path / "p.json"), Words())
     assert loaded.status == "interrupted" and loaded.error == "ZeroDivisionError: boom"
-    assert [loaded.tree.node(n)["thought"] for n in range(4)] == [part.tree.node(n)["thought"] for n in range(4)]
+    assert [loaded.tree.node(n)["thought"] for n in range(4)] == [
+        part.tree.node(n)["thought"] for n in range(4)
+    ]
 
 
 def test_chain_style_resume_keeps_the_generated_token_ids(tiny_lm):
@@ -152,8 +169,13 @@ def test_chain_style_resume_keeps_the_generated_token_ids(tiny_lm):
     q = {"question": "Tom has 3 apples and buys 4 more. How many?", "answer": "#### 7"}
 
     def make():
-        return Searcher(tiny_lm, Stop(max_steps=4, samples_per_expand=3, max_new_tokens=12), strategies.BFS(breadth=3),
-                        RKSCConfig(kv_sharing="off"), progress=False)
+        return Searcher(
+            tiny_lm,
+            Stop(max_steps=4, samples_per_expand=3, max_new_tokens=12),
+            strategies.BFS(breadth=3),
+            RKSCConfig(kv_sharing="off"),
+            progress=False,
+        )
 
     full = make().solve(q)
     Stop.calls, Stop.at = 0, 9

@@ -27,7 +27,12 @@ STRATEGIES = [
     ("beam-product", lambda: Beam(width=3, aggregate="product"), 3, {}),
     ("mcts-uct", lambda: MCTS(iterations=12, exploration=0.7), 1, {}),
     ("mcts-puct", lambda: MCTS(iterations=12, exploration=1.5, answer="value"), 1, {"priors": True}),
-    ("mcts-rollout", lambda: MCTS(iterations=8, evaluation="rollout", rollout_policy="random", seed=3), 1, {}),
+    (
+        "mcts-rollout",
+        lambda: MCTS(iterations=8, evaluation="rollout", rollout_policy="random", seed=3),
+        1,
+        {},
+    ),
     ("dfs", lambda: DFS(threshold=0.3, max_states=8, stop_on_solution=False), 1, {}),
 ]
 IDS = [s[0] for s in STRATEGIES]
@@ -77,8 +82,17 @@ def searcher(prob, strategy) -> TableSearcher:
 def signature(tree: ThoughtTree) -> list[tuple]:
     """Everything a search leaves on the tree, node by node (KV handles aside)."""
     keys = ("thought", "state", "depth", "score", "status", "terminal", "solved", "visits", "value_sum")
-    return [(n, tree.parent(n), *(d[k] for k in keys), d.get("prior"), d.get("empty_expansion"),
-             tuple(d.get("generations", ()))) for n, d in sorted(tree.graph.nodes(data=True))]
+    return [
+        (
+            n,
+            tree.parent(n),
+            *(d[k] for k in keys),
+            d.get("prior"),
+            d.get("empty_expansion"),
+            tuple(d.get("generations", ())),
+        )
+        for n, d in sorted(tree.graph.nodes(data=True))
+    ]
 
 
 def check_complete(tree: ThoughtTree, prob: TableProblem) -> None:
@@ -226,8 +240,20 @@ for _, make, batch, opts in c.STRATEGIES:
 assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))
 """
     tests = Path(__file__).resolve().parents[1]
-    path = os.pathsep.join([str(tests.parent), str(tests), str(Path(__file__).resolve().parent),
-                           os.environ.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-c", code], cwd=tests.parent, env={**os.environ, "PYTHONPATH": path},
-                         capture_output=True, text=True, timeout=120)
+    path = os.pathsep.join(
+        [
+            str(tests.parent),
+            str(tests),
+            str(Path(__file__).resolve().parent),
+            os.environ.get("PYTHONPATH", ""),
+        ]
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tests.parent,
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr

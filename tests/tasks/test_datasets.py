@@ -52,7 +52,9 @@ def test_mmlu_stem_has_18_subjects_and_3018_rows_read_with_csv():
     # a quoted question with newlines and commas stays one row
     chem = load_mmlu_stem(subjects=["college_chemistry"])
     assert len(chem) == 100
-    assert chem[3].question.startswith("When the following equation is balanced, which of the following is true?\n")
+    assert chem[3].question.startswith(
+        "When the following equation is balanced, which of the following is true?\n"
+    )
     assert chem[3].answer == "B"
     with pytest.raises(ValueError, match="unknown MMLU STEM subject"):
         load_mmlu_stem(subjects=["anatomy"])
@@ -60,19 +62,26 @@ def test_mmlu_stem_has_18_subjects_and_3018_rows_read_with_csv():
 
 def test_each_dataset_ships_its_license_and_source():
     data = resources.files("treesearch.tasks").joinpath("data")
-    for folder, phrase in (("gsm8k", "MIT License"), ("arc_challenge", "CC BY-SA 4.0"), ("mmlu_stem", "MIT License")):
+    for folder, phrase in (
+        ("gsm8k", "MIT License"),
+        ("arc_challenge", "CC BY-SA 4.0"),
+        ("mmlu_stem", "MIT License"),
+    ):
         assert phrase in data.joinpath(folder, "LICENSE").read_text()
         assert "Origin:" in data.joinpath(folder, "SOURCE.md").read_text()
 
 
-@pytest.mark.parametrize("text, letters, expected", [
-    ("so the answer is (B).", "ABCD", "B"),
-    ("Answer: C", "ABCD", "C"),
-    ("(A) is wrong because ... (D) fits", "ABCD", "D"),
-    ("A ball falls. C. is right", "ABCDE", "C"),
-    ("The answer is (E).", "ABCD", None),  # E is not a choice of a 4-choice question
-    ("A ball falls down.", "ABCD", None),
-    ("no letter here", "ABCD", None),
-])
+@pytest.mark.parametrize(
+    "text, letters, expected",
+    [
+        ("so the answer is (B).", "ABCD", "B"),
+        ("Answer: C", "ABCD", "C"),
+        ("(A) is wrong because ... (D) fits", "ABCD", "D"),
+        ("A ball falls. C. is right", "ABCDE", "C"),
+        ("The answer is (E).", "ABCD", None),  # E is not a choice of a 4-choice question
+        ("A ball falls down.", "ABCD", None),
+        ("no letter here", "ABCD", None),
+    ],
+)
 def test_extract_choice(text, letters, expected):
     assert extract_choice(text, letters) == expected

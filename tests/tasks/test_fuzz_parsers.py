@@ -29,21 +29,66 @@ from treesearch.tasks import arith, game24
 CANARY = Path("/tmp/treesearch-fuzz-canary")
 HOSTILE = [
     "__import__('os').system('touch /tmp/treesearch-fuzz-canary')",
-    "eval('1+1')", "exec('x=1')", "().__class__.__bases__[0].__subclasses__()", "lambda: 0",
-    "9**9**9", "9" * 5000, "1" + "0" * 4400 + " + 1 = 2", "-" * 300 + "1", "(" * 500 + "4" + ")" * 500,
-    "(" * 40 + "4" + ")" * 40, "1/0", "4 / (1 - 1) = 24", "1e308 * 1e308", "nan", "inf", "-inf", "0x18",
-    "٢٤", "²⁴", "２４", "𝟐𝟒", "24\x00", "\x00", "\u202e42", "\ufeff24", "4\u00a0+\u00a020",
-    "Answer: (6 - 4) * (4 + 8) = 24", "answer is (B)", "The answer is 1,000,000.00.", "#### 42",
-    "4 + 5 = 9 (left: 6 9 10)", "10 - 4 = 6 (left: 5 6 6)", "4 × 6 = 24", "24 ÷ 1 = 24", "4 x 6 = 24",
-    "1.5.5 + 2 = 3", "4/ + 5 =", "", " ", "\n\n\n", "🙂" * 50, "a" * 20000,
+    "eval('1+1')",
+    "exec('x=1')",
+    "().__class__.__bases__[0].__subclasses__()",
+    "lambda: 0",
+    "9**9**9",
+    "9" * 5000,
+    "1" + "0" * 4400 + " + 1 = 2",
+    "-" * 300 + "1",
+    "(" * 500 + "4" + ")" * 500,
+    "(" * 40 + "4" + ")" * 40,
+    "1/0",
+    "4 / (1 - 1) = 24",
+    "1e308 * 1e308",
+    "nan",
+    "inf",
+    "-inf",
+    "0x18",
+    "٢٤",
+    "²⁴",
+    "２４",
+    "𝟐𝟒",
+    "24\x00",
+    "\x00",
+    "\u202e42",
+    "\ufeff24",
+    "4\u00a0+\u00a020",
+    "Answer: (6 - 4) * (4 + 8) = 24",
+    "answer is (B)",
+    "The answer is 1,000,000.00.",
+    "#### 42",
+    "4 + 5 = 9 (left: 6 9 10)",
+    "10 - 4 = 6 (left: 5 6 6)",
+    "4 × 6 = 24",
+    "24 ÷ 1 = 24",
+    "4 x 6 = 24",
+    "1.5.5 + 2 = 3",
+    "4/ + 5 =",
+    "",
+    " ",
+    "\n\n\n",
+    "🙂" * 50,
+    "a" * 20000,
 ]
 # pieces that keep the fuzzer near the grammar (numbers, operators, moves) as well as off it
-PIECES = st.sampled_from(list("0123456789+-*/()=.×÷−x ") + ["\n", "left:", "Answer:", "answer is", "24", "(left: ",
-                                                                 "####", "(A)", " B.", "\x00", "٣"])
-TEXT = st.one_of(st.text(max_size=300), st.lists(PIECES, max_size=80).map("".join), st.sampled_from(HOSTILE),
-                 st.tuples(st.sampled_from(HOSTILE), st.text(max_size=40)).map("".join))
-FUZZ = settings(max_examples=400, deadline=timedelta(seconds=2), suppress_health_check=[HealthCheck.too_slow],
-                derandomize=True)
+PIECES = st.sampled_from(
+    list("0123456789+-*/()=.×÷−x ")
+    + ["\n", "left:", "Answer:", "answer is", "24", "(left: ", "####", "(A)", " B.", "\x00", "٣"]
+)
+TEXT = st.one_of(
+    st.text(max_size=300),
+    st.lists(PIECES, max_size=80).map("".join),
+    st.sampled_from(HOSTILE),
+    st.tuples(st.sampled_from(HOSTILE), st.text(max_size=40)).map("".join),
+)
+FUZZ = settings(
+    max_examples=400,
+    deadline=timedelta(seconds=2),
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
 COUNTS: dict[str, int] = {}
 
 
@@ -231,7 +276,11 @@ def test_atheris_coverage_guided_run():
     import sys
 
     target = Path(__file__).resolve().parents[1] / "atheris_parsers.py"
-    proc = subprocess.run([sys.executable, str(target), "-runs=3000", "-max_len=512", "-seed=1"],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(target), "-runs=3000", "-max_len=512", "-seed=1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Done 3000 runs" in proc.stderr

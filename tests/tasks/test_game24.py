@@ -11,27 +11,33 @@ from treesearch.tasks.arith import evaluate, parse_number
 from treesearch.tasks.game24 import Game24, apply_move, check_answer, load_puzzles
 
 
-@pytest.mark.parametrize("expr,puzzle", [
-    ("(6 - 4) * (4 + 8)", "4 4 6 8"),
-    ("(10 - 6) * 5 + 4 = 24", "4 5 6 10"),
-    ("1 * 2 * 3 * 4", "4 3 2 1"),
-    ("8 / (3 - 8 / 3)", "3 3 8 8"),
-    ("(1 + 1 + 4) * 4", "1 1 4 4"),
-])
+@pytest.mark.parametrize(
+    "expr,puzzle",
+    [
+        ("(6 - 4) * (4 + 8)", "4 4 6 8"),
+        ("(10 - 6) * 5 + 4 = 24", "4 5 6 10"),
+        ("1 * 2 * 3 * 4", "4 3 2 1"),
+        ("8 / (3 - 8 / 3)", "3 3 8 8"),
+        ("(1 + 1 + 4) * 4", "1 1 4 4"),
+    ],
+)
 def test_checker_accepts_correct_expressions(expr, puzzle):
     assert check_answer(expr, puzzle)
 
 
-@pytest.mark.parametrize("expr,puzzle,why", [
-    ("(6 - 4) * (4 + 9)", "4 4 6 8", "wrong numbers"),
-    ("6 * 4", "4 4 6 8", "numbers not all used"),
-    ("(6 - 4) * (4 + 8) + 8 - 8", "4 4 6 8", "a number used twice"),
-    ("24 / (4 - 4) + 6 + 8", "4 4 6 8", "division by zero"),
-    ("(6 - 4) * (4 + 8) - 1", "4 4 6 8", "does not equal 24"),
-    ("__import__('os').system('ls')", "4 4 6 8", "hostile code"),
-    ("4 ** 4 + 6 + 8", "4 4 6 8", "power is not an allowed operator"),
-    ("", "4 4 6 8", "empty"),
-])
+@pytest.mark.parametrize(
+    "expr,puzzle,why",
+    [
+        ("(6 - 4) * (4 + 9)", "4 4 6 8", "wrong numbers"),
+        ("6 * 4", "4 4 6 8", "numbers not all used"),
+        ("(6 - 4) * (4 + 8) + 8 - 8", "4 4 6 8", "a number used twice"),
+        ("24 / (4 - 4) + 6 + 8", "4 4 6 8", "division by zero"),
+        ("(6 - 4) * (4 + 8) - 1", "4 4 6 8", "does not equal 24"),
+        ("__import__('os').system('ls')", "4 4 6 8", "hostile code"),
+        ("4 ** 4 + 6 + 8", "4 4 6 8", "power is not an allowed operator"),
+        ("", "4 4 6 8", "empty"),
+    ],
+)
 def test_checker_rejects(expr, puzzle, why, monkeypatch):
     import builtins
 

@@ -9,13 +9,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treesearch.policies.cgee import span_confidence, token_offsets
 from treesearch.common.config import RKSCConfig
 from treesearch.engine.local import Engine
+from treesearch.policies.cgee import span_confidence, token_offsets
 from treesearch.tasks.game24 import Game24, Game24State, apply_move
 
-LINES = st.sampled_from(["4 + 5 = 9 (left: 6 9 10)", "  10 - 6 = 4", "6 * 5 = 30 ", "junk", "", "4 / 0 =",
-                         "5 + 5 = 10", "é 4 + 6 = 10", "10 / 4 = 2.5 (left: 2.5 5 6)"])
+LINES = st.sampled_from(
+    [
+        "4 + 5 = 9 (left: 6 9 10)",
+        "  10 - 6 = 4",
+        "6 * 5 = 30 ",
+        "junk",
+        "",
+        "4 / 0 =",
+        "5 + 5 = 10",
+        "é 4 + 6 = 10",
+        "10 / 4 = 2.5 (left: 2.5 5 6)",
+    ]
+)
 ENDS = st.sampled_from(["\n", "\r\n", "\r", "\u2028", "\x0b"])
 
 
@@ -24,11 +35,17 @@ def test_each_move_line_gets_its_own_span():
     state = g.initial_state("4 5 6 10")
     text = "4 + 5 = 9 (left: 6 9 10)\n  no move here\r\n 10 - 6 = 4 (left: 4 4 5)  \n7 * 7 = 49\n6 * 5 = 30"
     kids = g.parse_children(state, text)
-    assert [c.thought for c in kids] == ["4 + 5 = 9 (left: 6 9 10)", "10 - 6 = 4 (left: 4 4 5)",
-                                         "6 * 5 = 30 (left: 4 10 30)"]
+    assert [c.thought for c in kids] == [
+        "4 + 5 = 9 (left: 6 9 10)",
+        "10 - 6 = 4 (left: 4 4 5)",
+        "6 * 5 = 30 (left: 4 10 30)",
+    ]
     assert [c.span for c in kids] == [(0, 24), (42, 66), (80, 90)]
-    assert [text[slice(*c.span)] for c in kids] == ["4 + 5 = 9 (left: 6 9 10)", "10 - 6 = 4 (left: 4 4 5)",
-                                                    "6 * 5 = 30"]
+    assert [text[slice(*c.span)] for c in kids] == [
+        "4 + 5 = 9 (left: 6 9 10)",
+        "10 - 6 = 4 (left: 4 4 5)",
+        "6 * 5 = 30",
+    ]
 
 
 @settings(max_examples=200, deadline=None)
@@ -44,8 +61,9 @@ def test_every_span_holds_the_line_its_child_was_parsed_from(parts):
         piece = text[s:e]
         assert piece == piece.strip() and not any(ch in piece for ch in "\n\r\u2028\x0b")
         assert apply_move(state.numbers, piece)[0] == c.thought
-    assert [c.thought for c in kids] == [m[0] for m in (apply_move(state.numbers, ln) for ln in text.splitlines())
-                                        if m is not None]
+    assert [c.thought for c in kids] == [
+        m[0] for m in (apply_move(state.numbers, ln) for ln in text.splitlines()) if m is not None
+    ]
 
 
 def test_the_answer_line_gets_its_span():

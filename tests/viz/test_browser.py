@@ -29,13 +29,26 @@ def why_no_chromium(tried: str | None) -> str:
     """The skip message: what the install attempt of .ci/run gave, or that nothing tried."""
     if tried:
         return f"Chromium is not installed; .ci/run tried to install it: {tried}"
-    return ("Chromium is not installed, and nothing tried to install it (plain `make test` installs no system "
-            "package; .ci/run does, or: apt-get install -y chromium)")
+    return (
+        "Chromium is not installed, and nothing tried to install it (plain `make test` installs no system "
+        "package; .ci/run does, or: apt-get install -y chromium)"
+    )
 
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=why_no_chromium(os.environ.get("TREESEARCH_CHROMIUM_INSTALL")))
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason=why_no_chromium(os.environ.get("TREESEARCH_CHROMIUM_INSTALL"))
+)
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 
 
 def artifacts() -> Path:

@@ -43,8 +43,15 @@ def test_every_node_drawn_once_with_its_status():
     root = parse(t.to_svg())
     nodes = groups(root, "node")
     assert [int(g.get("data-id")) for g in nodes] == [0, 1, 2, 3, 4, 5, 6]
-    assert [g.get("data-status") for g in nodes] == ["expanded", "expanded", "pruned", "frontier", "solution",
-                                                     "pruned", "frontier"]
+    assert [g.get("data-status") for g in nodes] == [
+        "expanded",
+        "expanded",
+        "pruned",
+        "frontier",
+        "solution",
+        "pruned",
+        "frontier",
+    ]
     assert root.get("data-nodes") == "7" and root.get("data-shown") == "7" and root.get("data-folded") == "0"
     assert [g.get("opacity") for g in nodes] == ["1.0", "1.0", "0.45", "1.0", "1.0", "0.45", "1.0"]
 
@@ -61,11 +68,21 @@ def test_solution_path_and_marks():
     assert by_id[5].find(SVG + "rect").get("stroke-width") == "1"
     badges = {n: [x.text for x in g.iter(SVG + "text") if x.get("class") == "cgee"] for n, g in by_id.items()}
     assert badges == {0: [], 1: [], 2: ["skip"], 3: [], 4: ["L12"], 5: [], 6: []}
-    assert [n for n, g in by_id.items() if any(x.get("class") == "asks-mark" for x in g.iter(SVG + "text"))] == [3]
-    evicted = [n for n, g in by_id.items() if any("evicted" in (r.get("class") or "") for r in g.iter(SVG + "rect"))]
+    assert [
+        n for n, g in by_id.items() if any(x.get("class") == "asks-mark" for x in g.iter(SVG + "text"))
+    ] == [3]
+    evicted = [
+        n for n, g in by_id.items() if any("evicted" in (r.get("class") or "") for r in g.iter(SVG + "rect"))
+    ]
     assert evicted == [5]
-    kv = {n: [(r.get("class"), r.get("width")) for r in g.iter(SVG + "rect") if (r.get("class") or "").startswith("kv")]
-          for n, g in by_id.items()}
+    kv = {
+        n: [
+            (r.get("class"), r.get("width"))
+            for r in g.iter(SVG + "rect")
+            if (r.get("class") or "").startswith("kv")
+        ]
+        for n, g in by_id.items()
+    }
     # node 1: chain (1,10) shared, (2,5) shared (also in 4's and 5's contexts) -> all 15 shared
     assert kv[1] == [("kv shared", "44.0"), ("kv own", "0.0")]
     # node 4: 15 shared of 21 -> 44 * 15 / 21 = 31.4
@@ -104,8 +121,10 @@ def test_model_text_is_escaped_and_nothing_is_fetched():
     assert plain.count("http") == plain.count("http://www.w3.org/2000/svg")  # only the SVG namespace
     assert " src=" not in plain and "href=" not in plain and "@import" not in plain
     svg = t.to_svg()
-    assert title_of(groups(parse(svg), "node")[1]).splitlines()[1] == \
-        'thought: <script>alert("x")</script> & <img src=http://example.com/a.png>'
+    assert (
+        title_of(groups(parse(svg), "node")[1]).splitlines()[1]
+        == 'thought: <script>alert("x")</script> & <img src=http://example.com/a.png>'
+    )
 
 
 def test_asks_arc_when_not_the_tree_edge():
@@ -118,8 +137,10 @@ def test_asks_arc_when_not_the_tree_edge():
     assert [title_of(a) for a in arcs] == ["ASKS: #6 attached to the K/V of #5 (sigma 0.995)"]
     t.node(4).update(asks_ref=2, asks_sigma=0.981)  # the node-attribute form
     arcs = [p for p in parse(t.to_svg()).iter(SVG + "path") if p.get("class") == "asks"]
-    assert [title_of(a) for a in arcs] == ["ASKS: #6 attached to the K/V of #5 (sigma 0.995)",
-                                           "ASKS: #4 attached to the K/V of #2 (sigma 0.981)"]
+    assert [title_of(a) for a in arcs] == [
+        "ASKS: #6 attached to the K/V of #5 (sigma 0.995)",
+        "ASKS: #4 attached to the K/V of #2 (sigma 0.981)",
+    ]
     assert "ASKS: attached to the K/V of #2" in title_of(groups(parse(t.to_svg()), "node")[4])
 
 
@@ -144,7 +165,10 @@ def test_folding_keeps_the_most_telling_nodes():
     assert lay.folds == {0: [2], 1: [5, 6]}
     assert lay.x == {4: 0.0, 1: 0.5, 3: 2.0, 0: 1.75} and lay.fold_x == {1: 1.0, 0: 3.0}
     root = parse(t.to_svg(max_nodes=4))
-    assert [(g.get("data-parent"), g.get("data-count")) for g in groups(root, "fold")] == [("0", "1"), ("1", "2")]
+    assert [(g.get("data-parent"), g.get("data-count")) for g in groups(root, "fold")] == [
+        ("0", "1"),
+        ("1", "2"),
+    ]
     with pytest.raises(ValueError, match="max_nodes"):
         keep_set(st, marks, 0)
 
@@ -172,13 +196,22 @@ def test_500_nodes_fold_to_a_readable_view():
     lay = layout(st, shown)
     assert _no_overlap(lay)
     assert lay.columns <= 2 * 150 and int(root.get("width")) <= 2 * 150 * 54 + 40
-    assert all(r.get("width") == "44" for g in nodes for r in g.iter(SVG + "rect") if r.get("rx") == "5")  # full size
+    assert all(
+        r.get("width") == "44" for g in nodes for r in g.iter(SVG + "rect") if r.get("rx") == "5"
+    )  # full size
     full = layout(st, set(t.graph))  # no folding: still no overlap, just wider
     assert len(full.x) == 500 and _no_overlap(full)
 
 
-TREES = hs.lists(hs.tuples(hs.integers(0, 10_000), hs.sampled_from(["expanded", "pruned", "frontier"]),
-                          hs.one_of(hs.none(), hs.floats(0, 20))), min_size=0, max_size=80)
+TREES = hs.lists(
+    hs.tuples(
+        hs.integers(0, 10_000),
+        hs.sampled_from(["expanded", "pruned", "frontier"]),
+        hs.one_of(hs.none(), hs.floats(0, 20)),
+    ),
+    min_size=0,
+    max_size=80,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -214,18 +247,33 @@ def test_score_colours():
     assert log.t(0.001) == 0.0 and log.t(20.0) == 1.0 and abs(log.t(0.1414) - 0.5) < 1e-3
     marks = node_marks(marked_tree().graph)
     assert marks[4].fill == "#fde725" and marks[5].fill == "#440154"  # 20 is the max, 0.5 the min
-    assert [short_score(s) for s in (None, 20.0, 4.0, 0.5, 0.001, 123.4)] == ["–", "20", "4.0", "0.50", "0.00", "123"]
+    assert [short_score(s) for s in (None, 20.0, 4.0, 0.5, 0.001, 123.4)] == [
+        "–",
+        "20",
+        "4.0",
+        "0.50",
+        "0.00",
+        "123",
+    ]
 
 
 # -- KV map --------------------------------------------------------------------------------------------
 def test_kv_map_of_the_hand_built_tree():
     m = kv_map(marked_tree())
     assert [(r.segment, r.tokens, r.nodes, r.contexts) for r in m.rows] == [
-        (1, 10, [1, 2, 3, 4, 5], 4), (2, 5, [1, 4, 5], 3), (3, 5, [2, 3], 1), (4, 6, [4], 1), (5, 6, [5], 1)]
+        (1, 10, [1, 2, 3, 4, 5], 4),
+        (2, 5, [1, 4, 5], 3),
+        (3, 5, [2, 3], 1),
+        (4, 6, [4], 1),
+        (5, 6, [5], 1),
+    ]
     assert [r.evicted_nodes for r in m.rows] == [[5], [5], [], [], [5]]
     # contexts: (1,2)=15, (1,3)=15, (1,2,4)=21, (1,2,5)=21 -> 72 tokens over 32 distinct
     assert (m.contexts, m.context_tokens, m.distinct_tokens) == (4, 72, 32)
-    assert str(m).splitlines()[-1] == "4 contexts hold 72 tokens; the shared store holds 32 distinct tokens (2.25x)"
+    assert (
+        str(m).splitlines()[-1]
+        == "4 contexts hold 72 tokens; the shared store holds 32 distinct tokens (2.25x)"
+    )
     assert "<table" in m._repr_html_()
     assert repr(m) == "KVMap(5 segments, 4 contexts, 72 context tokens over 32 distinct)"
 
@@ -249,7 +297,9 @@ def test_node_link_and_graphml_round_trips(tmp_path):
     t.to_node_link(tmp_path / "b.json")
     again = ThoughtTree.load(tmp_path / "b.json")
     assert again.to_json() == ThoughtTree.load(tmp_path / "b.json").to_json()
-    assert {n: again.node(n).get("kv_chain") for n in again.graph} == {n: t.node(n).get("kv_chain") for n in t.graph}
+    assert {n: again.node(n).get("kv_chain") for n in again.graph} == {
+        n: t.node(n).get("kv_chain") for n in t.graph
+    }
     data = json.loads((tmp_path / "b.json").read_text())
     g = nx.node_link_graph(data, directed=True, edges="links")
     assert sorted(g.edges) == sorted(t.graph.edges) and g.edges[0, 3]["asks"] == 0.99
@@ -258,8 +308,12 @@ def test_node_link_and_graphml_round_trips(tmp_path):
     assert sorted(gm.edges) == sorted(t.graph.edges)
     for n, d in t.graph.nodes(data=True):
         got = gm.nodes[n]
-        assert (got["thought"], got["status"], got["depth"], got.get("score")) == \
-               (d["thought"], d["status"], d["depth"], d["score"])
+        assert (got["thought"], got["status"], got["depth"], got.get("score")) == (
+            d["thought"],
+            d["status"],
+            d["depth"],
+            d["score"],
+        )
     assert json.loads(gm.nodes[4]["kv_chain"]) == [[1, 10], [2, 5], [4, 6]]
     assert gm.nodes[5]["evicted"] is True and gm.nodes[4]["cgee"] == "exit@12"
     assert gm.graph["problem"] == "hand"
@@ -298,7 +352,8 @@ def test_live_kv_marks_survive_export(words, tmp_path):
     back = ThoughtTree.load(tmp_path / "w.json")
     saved = node_marks(back.graph)
     fields = ("kv_tokens", "kv_shared", "kv_segments", "evicted", "status", "score", "fill")
-    assert {n: tuple(getattr(m, f) for f in fields) for n, m in saved.items()} == \
-           {n: tuple(getattr(m, f) for f in fields) for n, m in live.items()}
+    assert {n: tuple(getattr(m, f) for f in fields) for n, m in saved.items()} == {
+        n: tuple(getattr(m, f) for f in fields) for n, m in live.items()
+    }
     assert str(back.kv_map()) == str(tree.kv_map())
     assert back.to_svg().count('class="node ') == len(tree) == words.tree.to_svg().count('class="node ')

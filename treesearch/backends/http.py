@@ -31,7 +31,9 @@ def _httpx() -> Any:
     try:
         import httpx
     except ImportError:
-        raise ImportError(f"the server backend needs the httpx package; install it with:\n    {INSTALL_HINT}") from None
+        raise ImportError(
+            f"the server backend needs the httpx package; install it with:\n    {INSTALL_HINT}"
+        ) from None
     return httpx
 
 
@@ -46,17 +48,27 @@ def root_url(base_url: str) -> str:
 class ServerClient:
     """POST / GET JSON to one server. `api_key` goes in an `Authorization: Bearer` header."""
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 300.0, retries: int = 3,
-                 backoff: float = 0.5, max_connections: int = 8) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 300.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_connections: int = 8,
+    ) -> None:
         httpx = _httpx()
         self.root = root_url(base_url)
         self.timeout = float(timeout)
         self.retries = int(retries)
         self.backoff = float(backoff)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(timeout=httpx.Timeout(self.timeout), headers=headers,
-                                    limits=httpx.Limits(max_connections=max_connections,
-                                                        max_keepalive_connections=max_connections))
+        self._client = httpx.Client(
+            timeout=httpx.Timeout(self.timeout),
+            headers=headers,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
 
     def close(self) -> None:
         self._client.close()
@@ -74,15 +86,25 @@ class ServerClient:
         url = self.root + path
         last = ""
         for attempt in range(self.retries + 1):
-            wait = min(self.backoff * 2 ** attempt, MAX_WAIT_S)
+            wait = min(self.backoff * 2**attempt, MAX_WAIT_S)
             try:
                 resp = self._client.request(method, url, json=body)
             except httpx.ReadTimeout:
-                raise ServerError(f"{method} {url}: no answer within {self.timeout:g} s (read timeout); the server "
-                                  "is stuck or overloaded: check it, or raise the timeout (ServerEngine(timeout=...), "
-                                  "--server-timeout)", url=url) from None
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
-                    httpx.WriteError, httpx.WriteTimeout, httpx.PoolTimeout) as err:
+                raise ServerError(
+                    f"{method} {url}: no answer within {self.timeout:g} s (read timeout); the server "
+                    "is stuck or overloaded: check it, or raise the timeout (ServerEngine(timeout=...), "
+                    "--server-timeout)",
+                    url=url,
+                ) from None
+            except (
+                httpx.ConnectError,
+                httpx.ConnectTimeout,
+                httpx.RemoteProtocolError,
+                httpx.ReadError,
+                httpx.WriteError,
+                httpx.WriteTimeout,
+                httpx.PoolTimeout,
+            ) as err:
                 last = f"{type(err).__name__}: {err or 'connection failed'}"
             else:
                 if resp.status_code < 400 or resp.status_code in allow:
@@ -92,22 +114,39 @@ class ServerClient:
                 last = f"HTTP {resp.status_code}: {_excerpt(resp.text)}"
                 wait = _retry_after(resp, wait)
             if attempt < self.retries:
-                log.warning("%s %s failed (%s); retry %d of %d in %.2f s", method, url, last, attempt + 1,
-                            self.retries, wait)
+                log.warning(
+                    "%s %s failed (%s); retry %d of %d in %.2f s",
+                    method,
+                    url,
+                    last,
+                    attempt + 1,
+                    self.retries,
+                    wait,
+                )
                 time.sleep(wait)
         status = int(last[5:8]) if last.startswith("HTTP ") else None
-        hint = ("the server is failing: check its log" if status else
-                f"is a server running at {self.root}? Start one (README, 'Using a server') or fix the base URL")
-        raise ServerError(f"{method} {url} failed after {self.retries + 1} attempts ({last}); {hint}",
-                          url=url, status=status)
+        hint = (
+            "the server is failing: check its log"
+            if status
+            else f"is a server running at {self.root}? Start one (README, 'Using a server') or fix the base URL"
+        )
+        raise ServerError(
+            f"{method} {url} failed after {self.retries + 1} attempts ({last}); {hint}",
+            url=url,
+            status=status,
+        )
 
 
 def _json(resp: Any, method: str, url: str) -> Any:
     try:
         return resp.json()
     except ValueError:
-        raise ServerError(f"{method} {url}: the answer is not JSON ({_excerpt(resp.text)}); is base_url an "
-                          "OpenAI-compatible server?", url=url, status=resp.status_code) from None
+        raise ServerError(
+            f"{method} {url}: the answer is not JSON ({_excerpt(resp.text)}); is base_url an "
+            "OpenAI-compatible server?",
+            url=url,
+            status=resp.status_code,
+        ) from None
 
 
 def _refused(method: str, url: str, resp: Any) -> ServerError:
@@ -118,9 +157,13 @@ def _refused(method: str, url: str, resp: Any) -> ServerError:
     elif code == 404:
         fix = "base_url should be the server's root (http://host:port) or its /v1 URL"
     elif code in (400, 422) and "context" in text.lower():
-        return ServerContextError(f"{method} {url}: HTTP {code}: {text}; the prompt does not fit the server model's "
-                                  "context: give ServerEngine(max_context=...) (--server-max-context) so that the "
-                                  "search prunes branches that do not fit", url=url, status=code)
+        return ServerContextError(
+            f"{method} {url}: HTTP {code}: {text}; the prompt does not fit the server model's "
+            "context: give ServerEngine(max_context=...) (--server-max-context) so that the "
+            "search prunes branches that do not fit",
+            url=url,
+            status=code,
+        )
     else:
         fix = "the server refused the request as sent; check the model name and the server's log"
     return ServerError(f"{method} {url}: HTTP {code}: {text}; {fix}", url=url, status=code)

@@ -148,7 +148,7 @@ class CallMerger:
             else:
                 start = 0
                 for c in group:
-                    c.result = _local(outs[start:start + len(c.prompts)], start, len(c.prompts))
+                    c.result = _local(outs[start : start + len(c.prompts)], start, len(c.prompts))
                     start += len(c.prompts)
                 return
         for c in group:
@@ -165,8 +165,9 @@ class CallMerger:
         owners = _joined(group, "owners")
         self.merged_calls += 1
         if first.kind == "generate":
-            return self.engine.generate(prompts, first.args.get("sampling"), seeds=_joined(group, "seeds"),
-                                        owners=owners, stats=stats)
+            return self.engine.generate(
+                prompts, first.args.get("sampling"), seeds=_joined(group, "seeds"), owners=owners, stats=stats
+            )
         rule = first.args.get("exit_rule")
         if rule is not None and len(group) > 1:
             rule = rule.fresh()  # an equivalent rule with no memory of any row (see _rule_key)
@@ -210,15 +211,43 @@ class SearchSession:
         self._owners: set = set()
 
     # -- model calls (merged) ---------------------------------------------------------------------
-    def generate(self, prompts: Sequence[str], sampling: Any = None, *, seeds: Sequence[int] | None = None,
-                 owners: Sequence[Hashable] | None = None) -> list:
-        return self.merger.submit(Call("generate", list(prompts), self.stats, {
-            "sampling": sampling, "seeds": None if seeds is None else list(seeds), "owners": self._own(owners)}))
+    def generate(
+        self,
+        prompts: Sequence[str],
+        sampling: Any = None,
+        *,
+        seeds: Sequence[int] | None = None,
+        owners: Sequence[Hashable] | None = None,
+    ) -> list:
+        return self.merger.submit(
+            Call(
+                "generate",
+                list(prompts),
+                self.stats,
+                {
+                    "sampling": sampling,
+                    "seeds": None if seeds is None else list(seeds),
+                    "owners": self._own(owners),
+                },
+            )
+        )
 
-    def score(self, prompts: Sequence[str], labels: Sequence[str], *, owners: Sequence[Hashable] | None = None,
-              exit_rule: Any = None) -> list:
-        return self.merger.submit(Call("score", list(prompts), self.stats, {
-            "labels": list(labels), "exit_rule": exit_rule, "owners": self._own(owners)}))
+    def score(
+        self,
+        prompts: Sequence[str],
+        labels: Sequence[str],
+        *,
+        owners: Sequence[Hashable] | None = None,
+        exit_rule: Any = None,
+    ) -> list:
+        return self.merger.submit(
+            Call(
+                "score",
+                list(prompts),
+                self.stats,
+                {"labels": list(labels), "exit_rule": exit_rule, "owners": self._own(owners)},
+            )
+        )
 
     def _own(self, owners: Sequence[Hashable] | None) -> list | None:
         if owners is None:

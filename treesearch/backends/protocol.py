@@ -69,12 +69,24 @@ class Backend(Protocol):
     features: frozenset[str]  # which of FEATURES this backend has
     stats: Any  # treesearch.common.stats.Stats of the current search
 
-    def generate(self, prompts: Sequence[str], sampling: Any = None, *, seeds: Sequence[int] | None = None,
-                 owners: Sequence[Hashable] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[str],
+        sampling: Any = None,
+        *,
+        seeds: Sequence[int] | None = None,
+        owners: Sequence[Hashable] | None = None,
+    ) -> list[Generation]:
         """One continuation per prompt (a prompt repeated is sampled again with its own seed)."""
 
-    def score(self, prompts: Sequence[str], labels: Sequence[str], *, owners: Sequence[Hashable] | None = None,
-              exit_rule: ExitRule | None = None) -> list[Score]:
+    def score(
+        self,
+        prompts: Sequence[str],
+        labels: Sequence[str],
+        *,
+        owners: Sequence[Hashable] | None = None,
+        exit_rule: ExitRule | None = None,
+    ) -> list[Score]:
         """Probability of each label right after each prompt."""
 
     def tokenize(self, text: str) -> list[int]:
@@ -112,6 +124,8 @@ def require_features(backend: Backend, config: Any) -> None:
     missing = [(what, fix) for feat, what, fix in wanted if feat not in backend.features]
     if missing:
         has = ", ".join(sorted(backend.features)) or "none of " + ", ".join(FEATURES)
-        raise ConfigError(f"{type(backend).__name__} does not support {', '.join(w for w, _ in missing)} (it has "
-                          f"{has}): {'; '.join(f for _, f in missing)}, or run the local engine "
-                          "(treesearch.load_model()), which has them all")
+        raise ConfigError(
+            f"{type(backend).__name__} does not support {', '.join(w for w, _ in missing)} (it has "
+            f"{has}): {'; '.join(f for _, f in missing)}, or run the local engine "
+            "(treesearch.load_model()), which has them all"
+        )

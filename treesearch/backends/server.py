@@ -64,8 +64,16 @@ LLAMA_CPP_OWNERS = ("llamacpp", "me")  # /v1/models owned_by of llama.cpp's serv
 # Tokenize endpoints tried in order: vLLM and llama.cpp's server share /tokenize (vLLM reads
 # "prompt", llama.cpp "content"), SGLang has /v1/tokenize, llama-cpp-python /extras/tokenize.
 TOKENIZE_ENDPOINTS: tuple[tuple[str, Callable[[str, str], dict]], ...] = (
-    ("/tokenize", lambda model, text: {"model": model, "prompt": text, "content": text,
-                                       "add_special_tokens": False, "add_special": False}),
+    (
+        "/tokenize",
+        lambda model, text: {
+            "model": model,
+            "prompt": text,
+            "content": text,
+            "add_special_tokens": False,
+            "add_special": False,
+        },
+    ),
     ("/v1/tokenize", lambda model, text: {"model": model, "prompt": text, "add_special_tokens": False}),
     ("/extras/tokenize", lambda model, text: {"model": model, "input": text}),
 )
@@ -91,10 +99,22 @@ class ServerEngine:
     num_layers = 1
     features: frozenset[str] = frozenset()
 
-    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, *,
-                 timeout: float = 300.0, retries: int = 3, backoff: float = 0.5, max_concurrency: int = 8,
-                 top_logprobs: int = 20, label_floor: float = 1e-6, max_context: int | None = None,
-                 extra_body: dict | None = None, logprobs: bool = True) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 300.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_concurrency: int = 8,
+        top_logprobs: int = 20,
+        label_floor: float = 1e-6,
+        max_context: int | None = None,
+        extra_body: dict | None = None,
+        logprobs: bool = True,
+    ) -> None:
         from treesearch.backends.http import ServerClient
 
         if max_concurrency < 1:
@@ -102,9 +122,17 @@ class ServerEngine:
         if not 0 < label_floor < 1:
             raise ConfigError(f"label_floor={label_floor}; use a small probability such as 1e-6")
         if top_logprobs < 1:
-            raise ConfigError(f"top_logprobs={top_logprobs}; use at least 1 (20 is what vLLM allows by default)")
-        self.client = ServerClient(base_url, api_key=api_key, timeout=timeout, retries=retries, backoff=backoff,
-                                   max_connections=max_concurrency)
+            raise ConfigError(
+                f"top_logprobs={top_logprobs}; use at least 1 (20 is what vLLM allows by default)"
+            )
+        self.client = ServerClient(
+            base_url,
+            api_key=api_key,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            max_connections=max_concurrency,
+        )
         self.base_url = base_url
         self.max_concurrency = max_concurrency
         self.top_logprobs = top_logprobs
@@ -135,16 +163,22 @@ class ServerEngine:
             self._pool = None
         self.client.close()
 
-    def __enter__(self) -> "ServerEngine":
+    def __enter__(self) -> ServerEngine:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- generate ------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[str], sampling: Sampling | None = None, *, seeds: Sequence[int] | None = None,
-                 owners: Sequence[Hashable] | None = None,
-                 stats: Stats | Sequence[Stats] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[str],
+        sampling: Sampling | None = None,
+        *,
+        seeds: Sequence[int] | None = None,
+        owners: Sequence[Hashable] | None = None,
+        stats: Stats | Sequence[Stats] | None = None,
+    ) -> list[Generation]:
         """One continuation per prompt, the requests sent concurrently (see the module docstring).
         stats: where each prompt's usage is counted (one per prompt when searches share the call)."""
         sampling = sampling or Sampling()
@@ -173,14 +207,25 @@ class ServerEngine:
         out: list[Generation | None] = [None] * len(prompts)
         for (_, _, rows), gen in zip(jobs, answers):
             for k, row in enumerate(rows):
-                out[row] = gen if k == 0 else dataclasses.replace(gen, logprobs=list(gen.logprobs),
-                                                                  offsets=list(gen.offsets or []))
+                out[row] = (
+                    gen
+                    if k == 0
+                    else dataclasses.replace(
+                        gen, logprobs=list(gen.logprobs), offsets=list(gen.offsets or [])
+                    )
+                )
         return out  # type: ignore[return-value]
 
     def _complete(self, prompt: str, seed: int, sampling: Sampling, stats: Stats) -> Generation:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": sampling.max_new_tokens,
-                "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": seed & 0x7FFFFFFF,
-                **self._extra()}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": seed & 0x7FFFFFFF,
+            **self._extra(),
+        }
         if self.logprobs:
             body["logprobs"] = 1
         if sampling.stop:
@@ -188,14 +233,24 @@ class ServerEngine:
         data = self._post_completion(body)
         choices = data.get("choices") or []
         if not choices or not isinstance(choices[0], dict):
-            raise ServerError(f"POST {self.client.root}/v1/completions answered no choice for a prompt of "
-                              f"{len(prompt)} characters; check the server's log", url=self.client.root)
+            raise ServerError(
+                f"POST {self.client.root}/v1/completions answered no choice for a prompt of "
+                f"{len(prompt)} characters; check the server's log",
+                url=self.client.root,
+            )
         prompt_tokens, cached = self._count(data, 1, stats)
         return _generation(choices[0], sampling, prompt_tokens, cached)
 
     # -- score ---------------------------------------------------------------------------------------
-    def score(self, prompts: Sequence[str], labels: Sequence[str], *, owners: Sequence[Hashable] | None = None,
-              exit_rule: Any = None, stats: Stats | Sequence[Stats] | None = None) -> list[Score]:
+    def score(
+        self,
+        prompts: Sequence[str],
+        labels: Sequence[str],
+        *,
+        owners: Sequence[Hashable] | None = None,
+        exit_rule: Any = None,
+        stats: Stats | Sequence[Stats] | None = None,
+    ) -> list[Score]:
         """Probability of each label's first token right after each prompt, from the server's top-k
         next-token log-probabilities (one request per prompt, concurrent). `exit_rule` is ignored:
         a server runs every layer (layers_run = num_layers = 1)."""
@@ -206,17 +261,26 @@ class ServerEngine:
         if len(set(keys)) != len(keys):
             raise ProblemDefinitionError(
                 f"labels {list(labels)} do not start with distinct tokens (first tokens {keys}); pick words whose "
-                "first token differs, e.g. with a leading space: ' sure', ' likely', ' impossible'")
+                "first token differs, e.g. with a leading space: ' sure', ' likely', ' impossible'"
+            )
         charge = per_row(len(prompts), stats, self.stats)
         self._extra()
         self._calls += 1
         for st in distinct(charge):
             st.score_calls += 1
-        return self._map(lambda job: self._score_one(job[0], list(labels), keys, job[1]), list(zip(prompts, charge)))
+        return self._map(
+            lambda job: self._score_one(job[0], list(labels), keys, job[1]), list(zip(prompts, charge))
+        )
 
     def _score_one(self, prompt: str, labels: list[str], keys: list[str], stats: Stats) -> Score:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
-                "logprobs": self.top_logprobs, **self._extra()}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": self.top_logprobs,
+            **self._extra(),
+        }
         data = self._post_completion(body)
         choice = (data.get("choices") or [{}])[0]
         top = _top_logprobs(choice.get("logprobs"))
@@ -243,7 +307,10 @@ class ServerEngine:
             log.warning("%s; label %r is taken to be one token", err, label)
             ids = []
         if len(ids) > 1:
-            key = next((label[:i] for i in range(len(label) - 1, 0, -1) if self.tokenize(label[:i]) == ids[:1]), label)
+            key = next(
+                (label[:i] for i in range(len(label) - 1, 0, -1) if self.tokenize(label[:i]) == ids[:1]),
+                label,
+            )
         self._label_keys[label] = key
         return key
 
@@ -274,10 +341,13 @@ class ServerEngine:
             if status < 400 and isinstance(data, dict) and isinstance(data.get("tokens"), list):
                 self._tokenize_path = path
                 return [int(t if not isinstance(t, dict) else t["id"]) for t in data["tokens"]]
-        raise NoTokenizeEndpoint(f"{self.client.root} has no tokenize endpoint (tried "
-                          f"{', '.join(p for p, _ in TOKENIZE_ENDPOINTS)}); tokenize is needed for max_context "
-                          "checks and multi-token labels: use a server that has one (vLLM, llama.cpp) or leave "
-                          "max_context unset", url=self.client.root)
+        raise NoTokenizeEndpoint(
+            f"{self.client.root} has no tokenize endpoint (tried "
+            f"{', '.join(p for p, _ in TOKENIZE_ENDPOINTS)}); tokenize is needed for max_context "
+            "checks and multi-token labels: use a server that has one (vLLM, llama.cpp) or leave "
+            "max_context unset",
+            url=self.client.root,
+        )
 
     def token_offsets(self, generation: Generation) -> list[tuple[int, int]]:
         """Character range in generation.text of each generated token (from the server's answer)."""
@@ -316,7 +386,9 @@ class ServerEngine:
         if len(items) == 1 or self.max_concurrency == 1:
             return [fn(x) for x in items]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="treesearch-server")
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.max_concurrency, thread_name_prefix="treesearch-server"
+            )
         futures = [self._pool.submit(fn, x) for x in items]
         try:
             return [f.result() for f in futures]
@@ -328,8 +400,11 @@ class ServerEngine:
     def _post_completion(self, body: dict) -> dict:
         _, data = self.client.post("/v1/completions", body)
         if not isinstance(data, dict):
-            raise ServerError(f"POST {self.client.root}/v1/completions answered {str(data)[:200]!r}, not a completion; "
-                              "is base_url an OpenAI-compatible server?", url=self.client.root)
+            raise ServerError(
+                f"POST {self.client.root}/v1/completions answered {str(data)[:200]!r}, not a completion; "
+                "is base_url an OpenAI-compatible server?",
+                url=self.client.root,
+            )
         return data
 
     def _count(self, data: dict, choices: int, s: Stats) -> tuple[int, int]:
@@ -366,14 +441,18 @@ class ServerEngine:
     def _first_model(self) -> str:
         models = self._list_models()
         if not models or not models[0].get("id"):
-            raise ServerError(f"{self.client.root}/v1/models lists no model; name the model "
-                              "(ServerEngine(base_url, model), --server-model)", url=self.client.root)
+            raise ServerError(
+                f"{self.client.root}/v1/models lists no model; name the model "
+                "(ServerEngine(base_url, model), --server-model)",
+                url=self.client.root,
+            )
         return str(models[0]["id"])
 
 
 # -- answers -> results ------------------------------------------------------------------------------
-def label_probs(top: dict[str, float], labels: Sequence[str], keys: Sequence[str], floor: float
-                ) -> tuple[dict[str, float], int]:
+def label_probs(
+    top: dict[str, float], labels: Sequence[str], keys: Sequence[str], floor: float
+) -> tuple[dict[str, float], int]:
     """(label -> probability of its first token, labels given the floor): exp(logprob) of the label's
     key in the top-k; a key not in the top-k gets min(floor, smallest top-k probability)."""
     listed = [math.exp(v) for v in top.values() if v is not None and math.isfinite(v)]
@@ -405,10 +484,17 @@ def _generation(choice: dict, sampling: Sampling, prompt_tokens: int, cached: in
     text = str(choice.get("text") or "")
     lp = choice.get("logprobs") if isinstance(choice.get("logprobs"), dict) else {}
     tokens = [str(t) for t in lp.get("tokens") or []]
-    logprobs = [float(v) if v is not None else 0.0 for v in lp.get("token_logprobs") or []][:len(tokens)]
+    logprobs = [float(v) if v is not None else 0.0 for v in lp.get("token_logprobs") or []][: len(tokens)]
     offsets = token_char_offsets(text, tokens, lp.get("text_offset"))
-    return Generation(text=text, token_ids=[], logprobs=logprobs, finish=_finish(choice, sampling),
-                      prompt_tokens=prompt_tokens, reused_tokens=cached, offsets=offsets)
+    return Generation(
+        text=text,
+        token_ids=[],
+        logprobs=logprobs,
+        finish=_finish(choice, sampling),
+        prompt_tokens=prompt_tokens,
+        reused_tokens=cached,
+        offsets=offsets,
+    )
 
 
 def _finish(choice: dict, sampling: Sampling) -> str:
@@ -420,7 +506,9 @@ def _finish(choice: dict, sampling: Sampling) -> str:
     return "stop" if isinstance(stop_reason, str) and stop_reason in sampling.stop else "eos"
 
 
-def token_char_offsets(text: str, tokens: Sequence[str], text_offset: Sequence[int] | None) -> list[tuple[int, int]]:
+def token_char_offsets(
+    text: str, tokens: Sequence[str], text_offset: Sequence[int] | None
+) -> list[tuple[int, int]]:
     """Character range [start, end) in text of each generated token, clipped to the text (tokens of a
     stop string that the server cut off get empty ranges at the end).
 
@@ -428,7 +516,12 @@ def token_char_offsets(text: str, tokens: Sequence[str], text_offset: Sequence[i
     some from the completion's: both work, since offsets are taken relative to the first token's),
     else from the running length of the token strings."""
     n = len(tokens)
-    if text_offset is not None and len(text_offset) == n and n and all(isinstance(o, int) for o in text_offset):
+    if (
+        text_offset is not None
+        and len(text_offset) == n
+        and n
+        and all(isinstance(o, int) for o in text_offset)
+    ):
         starts = [o - text_offset[0] for o in text_offset]
     else:
         starts, pos = [], 0

@@ -13,23 +13,27 @@ from __future__ import annotations
 
 import time
 
-from treesearch.policies.cgee import Branch, thresholds_for
-from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.engine.local import Engine
-from treesearch.models.load import LanguageModel
 from treesearch.bench.engines import engine_for
-from treesearch.common.seeds import stable_seed
-from treesearch.tasks.choice import extract_choice
-from treesearch.tasks.gsm8k import extract_number
-from treesearch.search.verifier import Verifier
 from treesearch.bench.modes import cgee_thresholds_note
 from treesearch.bench.prompts import BRANCH_STOP, VERIFY_LABELS, branch_prompt, verify_prompt
 from treesearch.bench.results import FIXED_LENGTH_NOTE, RunResult, Tick
+from treesearch.common.config import RKSCConfig, Sampling
+from treesearch.common.seeds import stable_seed
+from treesearch.engine.local import Engine
+from treesearch.models.load import LanguageModel
+from treesearch.policies.cgee import Branch, thresholds_for
+from treesearch.search.verifier import Verifier
+from treesearch.tasks.choice import extract_choice
+from treesearch.tasks.gsm8k import extract_number
 
 TEMPERATURE = 0.7
 TOP_P = 0.95
 MAX_NEW_TOKENS = {"gsm8k": 160, "arc_challenge": 96, "mmlu_stem": 96}
-CALIBRATION_TASK = {"gsm8k": "gsm8k", "arc_challenge": "arc", "mmlu_stem": "mmlu"}  # keys of calibration/*.json
+CALIBRATION_TASK = {
+    "gsm8k": "gsm8k",
+    "arc_challenge": "arc",
+    "mmlu_stem": "mmlu",
+}  # keys of calibration/*.json
 
 
 def weighted_vote(answers: list[str | None], weights: list[float]) -> str | None:
@@ -59,15 +63,29 @@ def verify(v: Verifier, prompts: list[str], confidences: list[float]) -> list[fl
     return [found.values[j] for j in range(len(prompts))]
 
 
-def run_branch(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *, task: str,
-               branches: int = 8, seed: int = 0, max_new_tokens: int | None = None,
-               ignore_eos: bool = False) -> RunResult:
+def run_branch(
+    lm: LanguageModel,
+    config: RKSCConfig,
+    items: list,
+    tick: Tick,
+    *,
+    task: str,
+    branches: int = 8,
+    seed: int = 0,
+    max_new_tokens: int | None = None,
+    ignore_eos: bool = False,
+) -> RunResult:
     """ignore_eos: every branch generates exactly max_new_tokens (no EOS, no stop strings; for
     dummy weights, whose text is gibberish)."""
     max_new = max_new_tokens or MAX_NEW_TOKENS[task]
     out = RunResult(max_new_tokens=max_new)
-    sampling = Sampling(max_new_tokens=max_new, temperature=TEMPERATURE, top_p=TOP_P,
-                        stop=() if ignore_eos else BRANCH_STOP, ignore_eos=ignore_eos)
+    sampling = Sampling(
+        max_new_tokens=max_new,
+        temperature=TEMPERATURE,
+        top_p=TOP_P,
+        stop=() if ignore_eos else BRANCH_STOP,
+        ignore_eos=ignore_eos,
+    )
     if ignore_eos:
         out.note(FIXED_LENGTH_NOTE)
     engine = engine_for(lm, config)  # kept across items: each starts with the last one's prompt K/V
@@ -77,8 +95,9 @@ def run_branch(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *
             engine.new_search()
         prompt = branch_prompt(item)
         t0 = time.perf_counter()
-        gens = engine.generate([prompt] * branches, sampling,
-                               seeds=[stable_seed(seed, task, idx, j) for j in range(branches)])
+        gens = engine.generate(
+            [prompt] * branches, sampling, seeds=[stable_seed(seed, task, idx, j) for j in range(branches)]
+        )
         if task == "gsm8k":
             answers = [extract_number(g.text) for g in gens]
         else:
@@ -87,8 +106,10 @@ def run_branch(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *
         final = weighted_vote(answers, values)
         out.wall_s += time.perf_counter() - t0
         out.add_stats(engine.stats.as_dict())
-        out.decisions += [f"{idx}|branch {j}|{a}|verified {'yes' if v > 0.5 else 'no'}"
-                          for j, (a, v) in enumerate(zip(answers, values))] + [f"{idx}|vote|{final}"]
+        out.decisions += [
+            f"{idx}|branch {j}|{a}|verified {'yes' if v > 0.5 else 'no'}"
+            for j, (a, v) in enumerate(zip(answers, values))
+        ] + [f"{idx}|vote|{final}"]
         out.correct.append(final == item.answer)
         out.requests.append([[prompt] * branches])
         tick(1)

@@ -67,12 +67,17 @@ def _components(docs: dict) -> str:
     calls_rk = sum((mode(docs.get(w), "rksc") or {}).get("model_calls") or 0 for w in SPEED_WORKLOADS)
     parts = []
     if ex:
-        parts.append(f"exact alone {_x(statistics.mean(ex.values()))} mean vs nokv (" +
-                     ", ".join(f"{w} {_x(v)}" for w, v in ex.items()) + ")")
+        parts.append(
+            f"exact alone {_x(statistics.mean(ex.values()))} mean vs nokv ("
+            + ", ".join(f"{w} {_x(v)}" for w, v in ex.items())
+            + ")"
+        )
     if rk:
-        parts.append(f"rksc vs exact {_x(statistics.mean(rk.values()))} mean: CGEE skipped {skipped} of {calls} "
-                     f"verifications, ASKS attached {attached} rows, RSBCM (25% of exact's peak KV) recomputed "
-                     f"{recomputed} tokens and split batches to fit: {calls_rk} model calls vs exact's {calls_ex}")
+        parts.append(
+            f"rksc vs exact {_x(statistics.mean(rk.values()))} mean: CGEE skipped {skipped} of {calls} "
+            f"verifications, ASKS attached {attached} rows, RSBCM (25% of exact's peak KV) recomputed "
+            f"{recomputed} tokens and split batches to fit: {calls_rk} model calls vs exact's {calls_ex}"
+        )
     return "; ".join(parts)
 
 
@@ -82,19 +87,33 @@ def claim_speedup_nokv(docs: dict) -> dict:
     peak = max(r.items(), key=lambda kv: kv[1]) if r else None
     ours = "—" if mean is None else f"{_x(mean)} mean, peak {_x(peak[1])} ({peak[0]})"
     verdict = speed_verdict(mean, 3.0)
-    return {"claim": "RKSC speedup over no KV reuse", "paper": "3.0x mean (peak 3.99x)", "ours": ours,
-            "value": mean, "command": _cmds(docs, SPEED_WORKLOADS), "verdict": verdict,
-            "reason": "" if verdict == "reproduced" else _components(docs)}
+    return {
+        "claim": "RKSC speedup over no KV reuse",
+        "paper": "3.0x mean (peak 3.99x)",
+        "ours": ours,
+        "value": mean,
+        "command": _cmds(docs, SPEED_WORKLOADS),
+        "verdict": verdict,
+        "reason": "" if verdict == "reproduced" else _components(docs),
+    }
 
 
 def claim_speedup_exact(docs: dict) -> dict:
     r = _ratios(docs, "rksc", "speedup_vs_exact")
     mean = statistics.mean(r.values()) if r else None
-    ours = "—" if mean is None else f"{_x(mean)} mean (" + ", ".join(f"{w} {_x(v)}" for w, v in r.items()) + ")"
+    ours = (
+        "—" if mean is None else f"{_x(mean)} mean (" + ", ".join(f"{w} {_x(v)}" for w, v in r.items()) + ")"
+    )
     verdict = speed_verdict(mean, 1.66)
-    return {"claim": "RKSC speedup over exact prefix caching", "paper": "1.66x", "ours": ours, "value": mean,
-            "command": _cmds(docs, SPEED_WORKLOADS), "verdict": verdict,
-            "reason": "" if verdict == "reproduced" else _components(docs)}
+    return {
+        "claim": "RKSC speedup over exact prefix caching",
+        "paper": "1.66x",
+        "ours": ours,
+        "value": mean,
+        "command": _cmds(docs, SPEED_WORKLOADS),
+        "verdict": verdict,
+        "reason": "" if verdict == "reproduced" else _components(docs),
+    }
 
 
 def _asks_context(docs: dict) -> tuple[dict | None, dict | None, dict | None, str]:
@@ -109,9 +128,11 @@ def _open_note(doc: dict | None, ex: dict | None, op: dict | None) -> str:
         return ""
     agree = (doc or {}).get("agreement_vs_exact", {}).get("asks-open")
     gain = (op["reused_tokens"] - ex["reused_tokens"]) / ex["reused_tokens"] if ex["reused_tokens"] else None
-    return (f"with the gate open (asks-open): {op['asks_attached']} rows attached, reuse "
-            f"{'—' if gain is None else f'{gain:+.1%}'} over exact, {_x(op.get('speedup_vs_exact'))} vs exact, "
-            f"decisions as exact {'—' if agree is None else f'{agree:.0%}'}")
+    return (
+        f"with the gate open (asks-open): {op['asks_attached']} rows attached, reuse "
+        f"{'—' if gain is None else f'{gain:+.1%}'} over exact, {_x(op.get('speedup_vs_exact'))} vs exact, "
+        f"decisions as exact {'—' if agree is None else f'{agree:.0%}'}"
+    )
 
 
 def claim_kv_sharing_alone(docs: dict) -> dict:
@@ -120,18 +141,31 @@ def claim_kv_sharing_alone(docs: dict) -> dict:
     ours = f"{_x(value)} (asks vs exact, paraphrase)"
     if ak and not ak.get("asks_attached"):
         verdict = "not reached on this model" if value is not None else "not measured"
-        reason = f"the shipped ASKS gate attached nothing ({why or 'tau too high for these pairs'}); " + \
-            _open_note(docs.get("paraphrase"), ex, op)
+        reason = (
+            f"the shipped ASKS gate attached nothing ({why or 'tau too high for these pairs'}); "
+            + _open_note(docs.get("paraphrase"), ex, op)
+        )
     else:
         verdict = speed_verdict(value, 1.343)
         reason = "" if verdict == "reproduced" else _open_note(docs.get("paraphrase"), ex, op)
-    return {"claim": "speedup from KV sharing (ASKS) alone", "paper": "1.343x", "ours": ours, "value": value,
-            "command": _cmds(docs, ("paraphrase",)), "verdict": verdict, "reason": reason}
+    return {
+        "claim": "speedup from KV sharing (ASKS) alone",
+        "paper": "1.343x",
+        "ours": ours,
+        "value": value,
+        "command": _cmds(docs, ("paraphrase",)),
+        "verdict": verdict,
+        "reason": reason,
+    }
 
 
 def claim_asks_reuse(docs: dict) -> dict:
     ex, ak, op, why = _asks_context(docs)
-    gain = (ak["reused_tokens"] - ex["reused_tokens"]) / ex["reused_tokens"] if ex and ak and ex["reused_tokens"] else None
+    gain = (
+        (ak["reused_tokens"] - ex["reused_tokens"]) / ex["reused_tokens"]
+        if ex and ak and ex["reused_tokens"]
+        else None
+    )
     ours = "—" if gain is None else f"{gain:+.1%} reused tokens (asks vs exact, paraphrase)"
     if gain is None:
         verdict, reason = "not measured", ""
@@ -139,13 +173,22 @@ def claim_asks_reuse(docs: dict) -> dict:
         verdict, reason = "reproduced", ""
     elif not ak.get("asks_attached"):
         verdict = "not reached on this model"
-        reason = f"the shipped ASKS gate attached nothing ({why or 'tau too high for these pairs'}); " + \
-            _open_note(docs.get("paraphrase"), ex, op)
+        reason = (
+            f"the shipped ASKS gate attached nothing ({why or 'tau too high for these pairs'}); "
+            + _open_note(docs.get("paraphrase"), ex, op)
+        )
     else:
         verdict = "refuted" if gain <= 0 else "not reached on this model"
         reason = _open_note(docs.get("paraphrase"), ex, op)
-    return {"claim": "ASKS reuse over exact matching, diverse phrasing", "paper": "+28.6%", "ours": ours,
-            "value": gain, "command": _cmds(docs, ("paraphrase",)), "verdict": verdict, "reason": reason}
+    return {
+        "claim": "ASKS reuse over exact matching, diverse phrasing",
+        "paper": "+28.6%",
+        "ours": ours,
+        "value": gain,
+        "command": _cmds(docs, ("paraphrase",)),
+        "verdict": verdict,
+        "reason": reason,
+    }
 
 
 def claim_cgee(docs: dict) -> dict:
@@ -155,27 +198,47 @@ def claim_cgee(docs: dict) -> dict:
     live_calls = sum((mode(docs.get(w), "cgee") or {}).get("verify_calls") or 0 for w in SPEED_WORKLOADS)
     live_skip = sum((mode(docs.get(w), "cgee") or {}).get("verify_skipped") or 0 for w in SPEED_WORKLOADS)
     if not held:
-        return {"claim": "CGEE error with verifications skipped", "paper": "0.37% error, 42-92% skipped",
-                "ours": "—", "value": None, "command": "treesearch calibrate --task game24", "verdict": "not measured",
-                "reason": "no shipped CGEE calibration with held-out figures"}
-    parts = [f"{t}: {h['skip_rate']:.1%} skipped, {h['layer_fraction']:.0%} of layers, {h['call_errors']} errors in "
-             f"{h['calls']} (bound {h['call_error_upper95']:.2%})" for t, h in held.items()]
+        return {
+            "claim": "CGEE error with verifications skipped",
+            "paper": "0.37% error, 42-92% skipped",
+            "ours": "—",
+            "value": None,
+            "command": "treesearch calibrate --task game24",
+            "verdict": "not measured",
+            "reason": "no shipped CGEE calibration with held-out figures",
+        }
+    parts = [
+        f"{t}: {h['skip_rate']:.1%} skipped, {h['layer_fraction']:.0%} of layers, {h['call_errors']} errors in "
+        f"{h['calls']} (bound {h['call_error_upper95']:.2%})"
+        for t, h in held.items()
+    ]
     best_skip = max(h["skip_rate"] for h in held.values())
     worst = max(h["call_error_upper95"] for h in held.values())
     ours = "held out: " + "; ".join(parts) + f"; live bench runs: {live_skip} of {live_calls} skipped"
     if best_skip >= CGEE_PAPER_SKIP and worst <= CGEE_PAPER_ERROR:
         verdict, reason = "reproduced", ""
-    elif any(h["skip_rate"] > 0 and h["call_errors"] / max(1, h["calls"]) > CGEE_PAPER_ERROR for h in held.values()):
+    elif any(
+        h["skip_rate"] > 0 and h["call_errors"] / max(1, h["calls"]) > CGEE_PAPER_ERROR for h in held.values()
+    ):
         verdict, reason = "refuted", "skips cost more than the paper's error on held-out calls"
     else:
         verdict = "not reached on this model"
         reason = "shipped thresholds keep CGEE off: " + "; ".join(
-            f"{t}: {e['rejected']['why']}" if e.get("rejected") else f"{t}: {e.get('calibration', {}).get('calls')} "
-            "calibration calls certify no exit" for t, e in tasks.items())
-    return {"claim": "CGEE error with verifications skipped", "paper": "0.37% error, 42-92% skipped", "ours": ours,
-            "value": best_skip, "command": "treesearch calibrate --task game24|arc|mmlu (shipped "
-            "treesearch/calibration/<model>.json); " + _cmds(docs, SPEED_WORKLOADS[:3]), "verdict": verdict,
-            "reason": reason}
+            f"{t}: {e['rejected']['why']}"
+            if e.get("rejected")
+            else f"{t}: {e.get('calibration', {}).get('calls')} calibration calls certify no exit"
+            for t, e in tasks.items()
+        )
+    return {
+        "claim": "CGEE error with verifications skipped",
+        "paper": "0.37% error, 42-92% skipped",
+        "ours": ours,
+        "value": best_skip,
+        "command": "treesearch calibrate --task game24|arc|mmlu (shipped "
+        "treesearch/calibration/<model>.json); " + _cmds(docs, SPEED_WORKLOADS[:3]),
+        "verdict": verdict,
+        "reason": reason,
+    }
 
 
 def claim_across_models(docs: dict) -> dict:
@@ -191,19 +254,37 @@ def claim_across_models(docs: dict) -> dict:
         verdict, reason = "reproduced", ""
     else:
         verdict = "refuted"
-        per_tok = {m: d["modes"]["nokv"]["wall_s"] * 1000 / max(1, d["modes"]["nokv"]["computed_tokens"])
-                   for m, d in models.items() if mode(d, "nokv")}
-        reason = (f"largest / smallest = {value:.2f}x; the same work is saved on each (tokens computed nokv / exact: " +
-                  ", ".join(f"{m} {_x(v)}" for m, v in comp.items()) + "), but a token costs " +
-                  ", ".join(f"{m} {v:.2f} ms" for m, v in per_tok.items()) +
-                  " without reuse, so fixed per-call costs weigh differently")
-    return {"claim": "same KV-sharing speedup across models (exact vs nokv)", "paper": "consistent across models",
-            "ours": ours, "value": value, "command": "; ".join(d.get("command", "") for d in models.values()),
-            "verdict": verdict, "reason": reason}
+        per_tok = {
+            m: d["modes"]["nokv"]["wall_s"] * 1000 / max(1, d["modes"]["nokv"]["computed_tokens"])
+            for m, d in models.items()
+            if mode(d, "nokv")
+        }
+        reason = (
+            f"largest / smallest = {value:.2f}x; the same work is saved on each (tokens computed nokv / exact: "
+            + ", ".join(f"{m} {_x(v)}" for m, v in comp.items())
+            + "), but a token costs "
+            + ", ".join(f"{m} {v:.2f} ms" for m, v in per_tok.items())
+            + " without reuse, so fixed per-call costs weigh differently"
+        )
+    return {
+        "claim": "same KV-sharing speedup across models (exact vs nokv)",
+        "paper": "consistent across models",
+        "ours": ours,
+        "value": value,
+        "command": "; ".join(d.get("command", "") for d in models.values()),
+        "verdict": verdict,
+        "reason": reason,
+    }
 
 
-CLAIMS = (claim_speedup_nokv, claim_speedup_exact, claim_kv_sharing_alone, claim_asks_reuse, claim_cgee,
-          claim_across_models)
+CLAIMS = (
+    claim_speedup_nokv,
+    claim_speedup_exact,
+    claim_kv_sharing_alone,
+    claim_asks_reuse,
+    claim_cgee,
+    claim_across_models,
+)
 
 
 def rows(docs: dict) -> list[dict]:
@@ -214,11 +295,17 @@ def rows(docs: dict) -> list[dict]:
 def markdown(table: list[dict], meta: dict[str, Any] | None = None) -> str:
     """The claims table as markdown (verdict reasons as notes under it)."""
     meta = meta or {}
-    lines = [f"### The paper's claims, checked ({meta.get('model', 'default model')}, {meta.get('size', 'small')} "
-             f"slices, {meta.get('wall_min', 0):.1f} min)", "",
-             "| # | claim | paper | ours | verdict | command |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"### The paper's claims, checked ({meta.get('model', 'default model')}, {meta.get('size', 'small')} "
+        f"slices, {meta.get('wall_min', 0):.1f} min)",
+        "",
+        "| # | claim | paper | ours | verdict | command |",
+        "|---|---|---|---|---|---|",
+    ]
     for i, r in enumerate(table, 1):
-        lines.append(f"| {i} | {r['claim']} | {r['paper']} | {r['ours']} | {r['verdict']} | `{r['command']}` |")
+        lines.append(
+            f"| {i} | {r['claim']} | {r['paper']} | {r['ours']} | {r['verdict']} | `{r['command']}` |"
+        )
     why = [(i, r["reason"]) for i, r in enumerate(table, 1) if r.get("reason")]
     if why:
         lines += ["", "Measured reasons:"] + [f"{i}. {text}" for i, text in why]

@@ -30,13 +30,15 @@ def engine_for(model: Any, config: RKSCConfig) -> Any:
 
 def server_notes(backend: Any) -> list[str]:
     """What the server mode's row means."""
-    return [f"ServerEngine {backend.base_url} model {backend.model}: one HTTP request per row, at most "
-            f"{backend.max_concurrency} at a time",
-            "server counters from usage: prefill = prompt - cached tokens, reused = cached tokens (0 where the "
-            "server does not report them, e.g. llama.cpp), decode = completion tokens - rows; no unique tokens "
-            "or KV bytes",
-            "sampled decisions (temperature > 0) differ from ours by RNG, not by model: compare agreement on "
-            "greedy workloads (game24)"]
+    return [
+        f"ServerEngine {backend.base_url} model {backend.model}: one HTTP request per row, at most "
+        f"{backend.max_concurrency} at a time",
+        "server counters from usage: prefill = prompt - cached tokens, reused = cached tokens (0 where the "
+        "server does not report them, e.g. llama.cpp), decode = completion tokens - rows; no unique tokens "
+        "or KV bytes",
+        "sampled decisions (temperature > 0) differ from ours by RNG, not by model: compare agreement on "
+        "greedy workloads (game24)",
+    ]
 
 
 def warm_up_server(backend: Any) -> None:

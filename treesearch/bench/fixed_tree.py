@@ -12,14 +12,14 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.bench.engines import engine_for
-from treesearch.models.load import LanguageModel
-from treesearch.tasks.gsm8k import extract_number
-from treesearch.common.seeds import stable_seed
 from treesearch.bench.branch import TEMPERATURE, TOP_P
+from treesearch.bench.engines import engine_for
 from treesearch.bench.prompts import TREE_LEVELS, TREE_STOP, tree_prompt
 from treesearch.bench.results import FIXED_LENGTH_NOTE, RunResult, Tick
+from treesearch.common.config import RKSCConfig, Sampling
+from treesearch.common.seeds import stable_seed
+from treesearch.models.load import LanguageModel
+from treesearch.tasks.gsm8k import extract_number
 
 WIDTH = 3
 MAX_NEW_TOKENS = (48, 96, 64)  # plan, execute, reflect
@@ -33,8 +33,16 @@ def majority(answers: list[str | None]) -> str | None:
     return next(a for a in answers if a is not None and counts[a] == best)
 
 
-def run_tree(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *, seed: int = 0,
-             max_new_tokens: int | None = None, ignore_eos: bool = False) -> RunResult:
+def run_tree(
+    lm: LanguageModel,
+    config: RKSCConfig,
+    items: list,
+    tick: Tick,
+    *,
+    seed: int = 0,
+    max_new_tokens: int | None = None,
+    ignore_eos: bool = False,
+) -> RunResult:
     """ignore_eos: every generation runs exactly its level's length (no EOS, no stop strings; for
     dummy weights, whose text is gibberish)."""
     lengths = MAX_NEW_TOKENS if max_new_tokens is None else (max_new_tokens,) * len(MAX_NEW_TOKENS)
@@ -54,10 +62,18 @@ def run_tree(lm: LanguageModel, config: RKSCConfig, items: list, tick: Tick, *, 
         for level, max_new in enumerate(lengths):
             prompts = [c for c in contexts for _ in range(WIDTH)]
             carried = [t for t in parents_text for _ in range(WIDTH)]
-            sampling = Sampling(max_new_tokens=max_new, temperature=TEMPERATURE, top_p=TOP_P,
-                                stop=() if ignore_eos else TREE_STOP, ignore_eos=ignore_eos)
-            gens = engine.generate(prompts, sampling,
-                                   seeds=[stable_seed(seed, "tree", idx, level, k) for k in range(len(prompts))])
+            sampling = Sampling(
+                max_new_tokens=max_new,
+                temperature=TEMPERATURE,
+                top_p=TOP_P,
+                stop=() if ignore_eos else TREE_STOP,
+                ignore_eos=ignore_eos,
+            )
+            gens = engine.generate(
+                prompts,
+                sampling,
+                seeds=[stable_seed(seed, "tree", idx, level, k) for k in range(len(prompts))],
+            )
             batches.append(prompts)
             if level < len(TREE_LEVELS):
                 contexts = [p + g.text + TREE_LEVELS[level] for p, g in zip(prompts, gens)]

@@ -24,12 +24,17 @@ import time
 from dataclasses import dataclass, field
 
 from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.engine.local import Engine
 from treesearch.engine.eos import eos_token_ids
+from treesearch.engine.local import Engine
 from treesearch.models.load import LanguageModel
 
-CB_SETTINGS = dict(allow_block_sharing=True, num_blocks=256, max_batch_tokens=512, max_requests_per_batch=16,
-                   max_memory_percent=0.9)
+CB_SETTINGS = dict(
+    allow_block_sharing=True,
+    num_blocks=256,
+    max_batch_tokens=512,
+    max_requests_per_batch=16,
+    max_memory_percent=0.9,
+)
 _COPIES: dict[int, object] = {}
 
 
@@ -67,8 +72,9 @@ def _strip(ids: list[int], eos: set[int]) -> list[int]:
     return ids
 
 
-def replay_engine(lm: LanguageModel, requests: list[list[list[str]]], max_new_tokens: int, *,
-                  ignore_eos: bool = False) -> ReplayResult:
+def replay_engine(
+    lm: LanguageModel, requests: list[list[list[str]]], max_new_tokens: int, *, ignore_eos: bool = False
+) -> ReplayResult:
     """Our engine, exact sharing, greedy, no stop strings; a fresh engine per item."""
     out = ReplayResult()
     sampling = Sampling(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=ignore_eos)
@@ -91,16 +97,21 @@ def replay_engine(lm: LanguageModel, requests: list[list[list[str]]], max_new_to
     return out
 
 
-def replay_hf(lm: LanguageModel, inputs: list[list[list[int]]], max_new_tokens: int, *,
-              ignore_eos: bool = False) -> ReplayResult:
+def replay_hf(
+    lm: LanguageModel, inputs: list[list[list[int]]], max_new_tokens: int, *, ignore_eos: bool = False
+) -> ReplayResult:
     """transformers `generate_batch` with block sharing, greedy, one call per batch of prompt ids
     (ignore_eos: eos_token_id=-1, which generate_batch reads as "no EOS")."""
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     model = hf_model(lm)
     eos = [] if ignore_eos else sorted(eos_token_ids(lm.model, lm.tokenizer))
-    gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos or -1,
-                               pad_token_id=lm.tokenizer.pad_token_id)
+    gen_cfg = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos or -1,
+        pad_token_id=lm.tokenizer.pad_token_id,
+    )
     out = ReplayResult()
     quiet = logging.getLogger("ContinuousBatchingLogger")
     level = quiet.level
@@ -109,13 +120,18 @@ def replay_hf(lm: LanguageModel, inputs: list[list[list[int]]], max_new_tokens: 
         for batches in inputs:
             for ids in batches:
                 t0 = time.perf_counter()
-                res = model.generate_batch(inputs=ids, generation_config=gen_cfg,
-                                           continuous_batching_config=ContinuousBatchingConfig(**CB_SETTINGS))
+                res = model.generate_batch(
+                    inputs=ids,
+                    generation_config=gen_cfg,
+                    continuous_batching_config=ContinuousBatchingConfig(**CB_SETTINGS),
+                )
                 out.wall_s += time.perf_counter() - t0
                 ordered = [res[k] for k in sorted(res, key=_request_index)]
                 if len(ordered) != len(ids) or any(r.error for r in ordered):
                     errors = [r.error for r in ordered if r.error]
-                    raise RuntimeError(f"generate_batch returned {len(ordered)} of {len(ids)} requests; {errors[:1]}")
+                    raise RuntimeError(
+                        f"generate_batch returned {len(ordered)} of {len(ids)} requests; {errors[:1]}"
+                    )
                 out.outputs += [_strip(r.generated_tokens, set(eos)) for r in ordered]
                 out.prompt_tokens += sum(len(i) for i in ids)
                 out.generated_tokens += sum(len(r.generated_tokens) for r in ordered)

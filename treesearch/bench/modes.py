@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from treesearch.policies.cgee import load_thresholds, thresholds_for
 from treesearch.common.config import RKSCConfig
+from treesearch.policies.cgee import load_thresholds, thresholds_for
 
 MODES = ("nokv", "exact", "asks", "asks-open", "cgee", "rksc", "server", "hf-cb")
 ENGINE_MODES = ("nokv", "exact", "asks", "asks-open", "cgee", "rksc", "server")
@@ -43,7 +43,7 @@ class Mode:
 
 
 def base_name(name: str) -> str:
-    """"exact@16" -> "exact" (the mode a concurrent variant runs)."""
+    """ "exact@16" -> "exact" (the mode a concurrent variant runs)."""
     return name.split("@", 1)[0]
 
 
@@ -56,7 +56,7 @@ def concurrent_names(names: list[str], concurrency: int) -> list[str]:
 
 
 def parse_modes(text: str) -> list[str]:
-    """"nokv,exact" -> ["nokv", "exact"] (validated, order kept, duplicates dropped)."""
+    """ "nokv,exact" -> ["nokv", "exact"] (validated, order kept, duplicates dropped)."""
     out: list[str] = []
     for part in text.split(","):
         name = part.strip()
@@ -77,8 +77,13 @@ def rksc_config(cache_budget: int | None, model_name: str | None = None) -> RKSC
 
     gate = load_gate(model_name) if model_name else None
     if gate is not None and gate.get("gate") == "open":
-        return RKSCConfig(kv_sharing="asks", asks_alpha=float(gate["alpha"]), asks_tau=float(gate["tau"]),
-                          cgee=True, cache_budget=cache_budget)
+        return RKSCConfig(
+            kv_sharing="asks",
+            asks_alpha=float(gate["alpha"]),
+            asks_tau=float(gate["tau"]),
+            cgee=True,
+            cache_budget=cache_budget,
+        )
     sharing = "asks" if RKSCConfig().kv_sharing == "asks" else "exact"
     return RKSCConfig(kv_sharing=sharing, cgee=True, cache_budget=cache_budget)
 
@@ -88,7 +93,9 @@ def make_mode(name: str, cache_budget: int | None = None, model_name: str | None
     if "@" in name:  # a concurrent variant: the base mode with N searches in flight
         mode = make_mode(base_name(name), cache_budget, model_name)
         mode.name, mode.concurrency = name, int(name.split("@", 1)[1])
-        mode.notes.append(f"{mode.concurrency} searches in flight at once (Searcher.solve_many), model calls batched")
+        mode.notes.append(
+            f"{mode.concurrency} searches in flight at once (Searcher.solve_many), model calls batched"
+        )
         return mode
     if name == "nokv":
         return Mode(name, RKSCConfig(kv_sharing="off"))
@@ -102,8 +109,11 @@ def make_mode(name: str, cache_budget: int | None = None, model_name: str | None
     if name == "asks-open":
         from treesearch.policies.asks_calibration import OPEN
 
-        return Mode(name, RKSCConfig(kv_sharing="asks", asks_tau=OPEN),
-                    [f"ASKS gate open (tau={OPEN:g}): every pair attaches; not a shipped setting"])
+        return Mode(
+            name,
+            RKSCConfig(kv_sharing="asks", asks_tau=OPEN),
+            [f"ASKS gate open (tau={OPEN:g}): every pair attaches; not a shipped setting"],
+        )
     if name == "cgee":
         mode = Mode(name, RKSCConfig(kv_sharing="exact", cgee=True))
         mode.notes.append("exact + CGEE only (no cache budget, no ASKS): compare its verify s with exact's")
@@ -115,9 +125,15 @@ def make_mode(name: str, cache_budget: int | None = None, model_name: str | None
     if name == "server":
         return Mode(name, RKSCConfig(kv_sharing="exact"))
     if name == "hf-cb":
-        return Mode(name, None, ["transformers generate_batch (continuous batching, allow_block_sharing=True), "
-                                 "greedy replay of the workload's generation requests; no scoring pass, "
-                                 "so no verification, search decisions or accuracy"])
+        return Mode(
+            name,
+            None,
+            [
+                "transformers generate_batch (continuous batching, allow_block_sharing=True), "
+                "greedy replay of the workload's generation requests; no scoring pass, "
+                "so no verification, search decisions or accuracy"
+            ],
+        )
     raise ValueError(f"unknown mode {name!r}")
 
 
@@ -138,7 +154,12 @@ def feature_notes(config: RKSCConfig) -> list[str]:
 def cgee_thresholds_note(config: RKSCConfig, model_name: str, task: str) -> str:
     """Which CGEE thresholds a run uses: calibrated (treesearch/calibration) or config defaults."""
     th = thresholds_for(config, model_name, task)
-    source = "calibrated" if config.min_layer is None and load_thresholds(model_name, task) is not None else \
-        "UNCALIBRATED (config defaults)"
-    return (f"CGEE thresholds {source} for {model_name} / {task}: min_layer={th.min_layer}, theta={th.theta}, "
-            f"eps={th.eps}, tau_conf={th.tau_conf}, margin={th.margin}")
+    source = (
+        "calibrated"
+        if config.min_layer is None and load_thresholds(model_name, task) is not None
+        else "UNCALIBRATED (config defaults)"
+    )
+    return (
+        f"CGEE thresholds {source} for {model_name} / {task}: min_layer={th.min_layer}, theta={th.theta}, "
+        f"eps={th.eps}, tau_conf={th.tau_conf}, margin={th.margin}"
+    )

@@ -22,14 +22,14 @@ import re
 import time
 from dataclasses import dataclass
 
+from treesearch.bench.branch import verifier, verify, weighted_vote
+from treesearch.bench.engines import engine_for
+from treesearch.bench.prompts import VERIFY_SUFFIX
+from treesearch.bench.results import RunResult, Tick
 from treesearch.common.config import RKSCConfig, Sampling
 from treesearch.models.load import LanguageModel
 from treesearch.tasks.datasets import load_gsm8k
 from treesearch.tasks.gsm8k import extract_number
-from treesearch.bench.engines import engine_for
-from treesearch.bench.branch import verifier, verify, weighted_vote
-from treesearch.bench.prompts import VERIFY_SUFFIX
-from treesearch.bench.results import RunResult, Tick
 
 WORDINGS = 4  # wordings per question (at most 4 orders; 2 when a question has 2 facts)
 MAX_NEW_TOKENS = 32
@@ -80,40 +80,58 @@ def load_items(start: int, end: int, k: int = WORDINGS) -> tuple[list[Paraphrase
         if len(facts) < 2:
             skipped += 1
             continue
-        items.append(ParaphraseItem(row, tuple(wording(facts, question, o) for o in orders(len(facts), k)),
-                                    item.answer))
+        items.append(
+            ParaphraseItem(
+                row, tuple(wording(facts, question, o) for o in orders(len(facts), k)), item.answer
+            )
+        )
     return items, skipped
 
 
-def answer(engine, v, item: ParaphraseItem, sampling: Sampling) -> tuple[list[str | None], list[float], list[dict]]:
+def answer(
+    engine, v, item: ParaphraseItem, sampling: Sampling
+) -> tuple[list[str | None], list[float], list[dict]]:
     """One question: each wording's answer (one generate call), its P(yes) (one verification call),
     and the ASKS gate records of the generate call (row = wording)."""
     before = len(engine.asks_log) if hasattr(engine, "asks_log") else 0
     gens = engine.generate(list(item.wordings), sampling)
     gate = list(engine.asks_log[before:]) if hasattr(engine, "asks_log") else []
     answers = [extract_number(g.text) for g in gens]
-    values = verify(v, [w + g.text + VERIFY_SUFFIX for w, g in zip(item.wordings, gens)],
-                    [g.confidence for g in gens])
+    values = verify(
+        v, [w + g.text + VERIFY_SUFFIX for w, g in zip(item.wordings, gens)], [g.confidence for g in gens]
+    )
     return answers, values, gate
 
 
 def decisions(item: ParaphraseItem, answers: list[str | None], values: list[float]) -> list[str]:
     """The decisions compared across modes: per wording its answer and verdict, then the vote."""
     final = weighted_vote(answers, values)
-    return [f"{item.row}|wording {j}|{a}|verified {'yes' if p > 0.5 else 'no'}"
-            for j, (a, p) in enumerate(zip(answers, values))] + [f"{item.row}|vote|{final}"]
+    return [
+        f"{item.row}|wording {j}|{a}|verified {'yes' if p > 0.5 else 'no'}"
+        for j, (a, p) in enumerate(zip(answers, values))
+    ] + [f"{item.row}|vote|{final}"]
 
 
-def run_paraphrase(lm: LanguageModel, config: RKSCConfig, items: list[ParaphraseItem], tick: Tick, *,
-                   seed: int = 0, max_new_tokens: int | None = None, skipped: int = 0) -> RunResult:
+def run_paraphrase(
+    lm: LanguageModel,
+    config: RKSCConfig,
+    items: list[ParaphraseItem],
+    tick: Tick,
+    *,
+    seed: int = 0,
+    max_new_tokens: int | None = None,
+    skipped: int = 0,
+) -> RunResult:
     """Per question: greedy reasoning for each wording (one call), verification (one call), a weighted vote."""
     del seed  # greedy: nothing is sampled
     max_new = max_new_tokens or MAX_NEW_TOKENS
     out = RunResult(max_new_tokens=max_new)
     if skipped:
         out.note(f"{skipped} rows with fewer than two fact sentences left out (one wording only)")
-    out.note(f"{sum(len(it.wordings) for it in items)} wordings of {len(items)} questions, "
-             f"facts reordered before one shared part of instructions and examples")
+    out.note(
+        f"{sum(len(it.wordings) for it in items)} wordings of {len(items)} questions, "
+        f"facts reordered before one shared part of instructions and examples"
+    )
     sampling = Sampling(max_new_tokens=max_new, stop=STOP)
     engine = engine_for(lm, config)  # kept across items: each starts with the last one's prompt K/V
     v = verifier(engine, config, lm.name, "gsm8k", out)

@@ -27,11 +27,38 @@ from typing import Any
 
 from treesearch.bench.runner import BenchRuns
 
-FIELDS = ("wall_s", "prefill_tokens", "decode_tokens", "reused_tokens", "unique_tokens", "model_calls",
-          "verify_calls", "verify_skipped", "verify_layers_run", "verify_layers_full", "peak_kv_bytes", "accuracy")
-COUNTERS = ("prefill_tokens", "decode_tokens", "reused_tokens", "unique_tokens", "generated_tokens", "model_calls",
-            "verify_calls", "verify_skipped", "verify_layers_run", "verify_layers_full", "evicted_blocks",
-            "recomputed_tokens", "asks_attached", "asks_extra_reused", "cgee_disagreements", "peak_kv_bytes")
+FIELDS = (
+    "wall_s",
+    "prefill_tokens",
+    "decode_tokens",
+    "reused_tokens",
+    "unique_tokens",
+    "model_calls",
+    "verify_calls",
+    "verify_skipped",
+    "verify_layers_run",
+    "verify_layers_full",
+    "peak_kv_bytes",
+    "accuracy",
+)
+COUNTERS = (
+    "prefill_tokens",
+    "decode_tokens",
+    "reused_tokens",
+    "unique_tokens",
+    "generated_tokens",
+    "model_calls",
+    "verify_calls",
+    "verify_skipped",
+    "verify_layers_run",
+    "verify_layers_full",
+    "evicted_blocks",
+    "recomputed_tokens",
+    "asks_attached",
+    "asks_extra_reused",
+    "cgee_disagreements",
+    "peak_kv_bytes",
+)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -50,15 +77,29 @@ def agreement(decisions: list[str], reference: list[str]) -> float | None:
 
 
 def _walls(values: list[float]) -> dict:
-    return {"wall_s": statistics.median(values), "wall_s_runs": values, "wall_s_min": min(values),
-            "wall_s_max": max(values), "wall_s_spread": max(values) - min(values)}
+    return {
+        "wall_s": statistics.median(values),
+        "wall_s_runs": values,
+        "wall_s_min": min(values),
+        "wall_s_max": max(values),
+        "wall_s_spread": max(values) - min(values),
+    }
 
 
 def _empty(status: str, reason: str | None, notes: list[str]) -> dict:
     entry: dict[str, Any] = {k: None for k in FIELDS + COUNTERS}
-    entry.update(status=status, reason=reason, notes=list(notes), computed_tokens=None, speedup_vs_nokv=None,
-                 speedup_vs_exact=None, compute_vs_nokv=None, verify_s=None, verify_s_runs=None,
-                 verify_speedup_vs_exact=None)
+    entry.update(
+        status=status,
+        reason=reason,
+        notes=list(notes),
+        computed_tokens=None,
+        speedup_vs_nokv=None,
+        speedup_vs_exact=None,
+        compute_vs_nokv=None,
+        verify_s=None,
+        verify_s_runs=None,
+        verify_speedup_vs_exact=None,
+    )
     return entry
 
 
@@ -101,10 +142,18 @@ def build(runs: BenchRuns, meta: dict) -> dict:
     agree = {name: (agreement(d, ref) if ref is not None else None) for name, d in decisions.items()}
     for name in modes:
         agree.setdefault(name, None)
-    vs_exact = {name: (agreement(d, decisions["exact"]) if "exact" in decisions else None)
-                for name, d in decisions.items()}
-    return {**meta, "modes": modes, "agreement": agree, "agreement_reference": ref_name if ref is not None else None,
-            "agreement_vs_exact": vs_exact, "replay": _replay_entry(runs)}
+    vs_exact = {
+        name: (agreement(d, decisions["exact"]) if "exact" in decisions else None)
+        for name, d in decisions.items()
+    }
+    return {
+        **meta,
+        "modes": modes,
+        "agreement": agree,
+        "agreement_reference": ref_name if ref is not None else None,
+        "agreement_vs_exact": vs_exact,
+        "replay": _replay_entry(runs),
+    }
 
 
 def _hf_entry(runs: BenchRuns, mr) -> dict:
@@ -113,9 +162,15 @@ def _hf_entry(runs: BenchRuns, mr) -> dict:
     entry = _empty("ok", None, mr.mode.notes)
     last = runs.replay_hf[-1]
     entry.update(_walls([r.wall_s for r in runs.replay_hf]))
-    entry.update(prefill_tokens=last.prompt_tokens, decode_tokens=last.generated_tokens,
-                 generated_tokens=last.generated_tokens, computed_tokens=last.prompt_tokens + last.generated_tokens)
-    entry["notes"].append("prefill_tokens = prompt tokens submitted (transformers does not report block reuse)")
+    entry.update(
+        prefill_tokens=last.prompt_tokens,
+        decode_tokens=last.generated_tokens,
+        generated_tokens=last.generated_tokens,
+        computed_tokens=last.prompt_tokens + last.generated_tokens,
+    )
+    entry["notes"].append(
+        "prefill_tokens = prompt tokens submitted (transformers does not report block reuse)"
+    )
     return entry
 
 
@@ -123,8 +178,13 @@ def _side(results: list) -> dict:
     last = results[-1]
     walls = [r.wall_s for r in results]
     med = statistics.median(walls)
-    return {"requests": last.requests, "prompt_tokens": last.prompt_tokens, "generated_tokens": last.generated_tokens,
-            **_walls(walls), "tokens_per_s": last.generated_tokens / med if med > 0 else None}
+    return {
+        "requests": last.requests,
+        "prompt_tokens": last.prompt_tokens,
+        "generated_tokens": last.generated_tokens,
+        **_walls(walls),
+        "tokens_per_s": last.generated_tokens / med if med > 0 else None,
+    }
 
 
 def _replay_entry(runs: BenchRuns) -> dict | None:
@@ -133,9 +193,13 @@ def _replay_entry(runs: BenchRuns) -> dict | None:
     from treesearch.bench.hfcb import token_agreement
 
     eng, hf = _side(runs.replay_engine), _side(runs.replay_hf)
-    return {"max_new_tokens": runs.replay_tokens, "exact": eng, "hf-cb": hf,
-            "throughput_exact_over_hf": ratio(eng["tokens_per_s"], hf["tokens_per_s"]),
-            "token_agreement": token_agreement(runs.replay_engine[-1], runs.replay_hf[-1])}
+    return {
+        "max_new_tokens": runs.replay_tokens,
+        "exact": eng,
+        "hf-cb": hf,
+        "throughput_exact_over_hf": ratio(eng["tokens_per_s"], hf["tokens_per_s"]),
+        "token_agreement": token_agreement(runs.replay_engine[-1], runs.replay_hf[-1]),
+    }
 
 
 def _f(v: Any, fmt: str = "{:.2f}") -> str:
@@ -148,58 +212,89 @@ def _f(v: Any, fmt: str = "{:.2f}") -> str:
 
 def markdown(doc: dict) -> str:
     """The tables printed on stdout."""
-    lines = [f"### treesearch bench {doc.get('workload')} ({doc.get('task')}, rows {doc.get('range')}, "
-             f"{doc.get('items')} items, model {doc.get('model')}, repeat {doc.get('repeat')})", ""]
+    lines = [
+        f"### treesearch bench {doc.get('workload')} ({doc.get('task')}, rows {doc.get('range')}, "
+        f"{doc.get('items')} items, model {doc.get('model')}, repeat {doc.get('repeat')})",
+        "",
+    ]
     if doc.get("fixed_length"):
-        lines += [f"Fixed lengths on {doc.get('device')} ({doc.get('dtype')}): every generation runs its full "
-                  "length (EOS and stop strings ignored); timings only, accuracy means nothing.", ""]
-    lines += ["| mode | wall s (median ± spread) | inputs/h | x vs nokv | x vs exact | prefill | decode | reused | "
-              "unique | model calls | verify calls / skipped | verify layers run / full | peak KV MiB | accuracy | "
-              f"agreement (vs {doc.get('agreement_reference') or 'nokv'}) | verify s | verify x vs exact |",
-              "|" + "---|" * 17]
+        lines += [
+            f"Fixed lengths on {doc.get('device')} ({doc.get('dtype')}): every generation runs its full "
+            "length (EOS and stop strings ignored); timings only, accuracy means nothing.",
+            "",
+        ]
+    lines += [
+        "| mode | wall s (median ± spread) | inputs/h | x vs nokv | x vs exact | prefill | decode | reused | "
+        "unique | model calls | verify calls / skipped | verify layers run / full | peak KV MiB | accuracy | "
+        f"agreement (vs {doc.get('agreement_reference') or 'nokv'}) | verify s | verify x vs exact |",
+        "|" + "---|" * 17,
+    ]
     for name, e in doc["modes"].items():
-        if e["status"] in ("failed", "skipped") :
+        if e["status"] in ("failed", "skipped"):
             lines.append(f"| {name} | {e['status']}: {e['reason']} |" + " |" * 15 + "")
             continue
         kv = e["peak_kv_bytes"] / 2**20 if e["peak_kv_bytes"] is not None else None
         ver = "—" if e["verify_calls"] is None else f"{e['verify_calls']} / {e['verify_skipped']}"
-        lay = "—" if e["verify_layers_run"] is None else f"{e['verify_layers_run']} / {e['verify_layers_full']}"
+        lay = (
+            "—" if e["verify_layers_run"] is None else f"{e['verify_layers_run']} / {e['verify_layers_full']}"
+        )
         lines.append(
             f"| {name} | {_f(e['wall_s'])} ± {_f(e['wall_s_spread'])} | {_f(e.get('inputs_per_hour'), '{:.0f}')} | "
             f"{_f(e['speedup_vs_nokv'], '{:.2f}x')} | "
             f"{_f(e['speedup_vs_exact'], '{:.2f}x')} | {_f(e['prefill_tokens'])} | {_f(e['decode_tokens'])} | "
             f"{_f(e['reused_tokens'])} | {_f(e['unique_tokens'])} | {_f(e['model_calls'])} | {ver} | {lay} | "
             f"{_f(kv, '{:.1f}')} | {_f(e['accuracy'])} | {_f(doc['agreement'].get(name))} | "
-            f"{_f(e.get('verify_s'))} | {_f(e.get('verify_speedup_vs_exact'), '{:.2f}x')} |")
+            f"{_f(e.get('verify_s'))} | {_f(e.get('verify_speedup_vs_exact'), '{:.2f}x')} |"
+        )
     off, on = doc["modes"].get("exact"), doc["modes"].get("cgee")
     if off and on and off.get("verify_s") is not None and on.get("verify_s") is not None:
-        lines += ["", f"Verification (scoring) time, CGEE off (exact) vs on (cgee), same run: "
-                      f"{off['verify_s']:.2f} s vs {on['verify_s']:.2f} s, off / on = "
-                      f"{_f(on['verify_speedup_vs_exact'], '{:.2f}x')} (> 1: CGEE verified faster) "
-                      f"(verify calls skipped {on['verify_skipped']} of {on['verify_calls']}, layers run "
-                      f"{on['verify_layers_run']} of {on['verify_layers_full']})"]
-    asks = [(n, e) for n, e in doc["modes"].items() if n.startswith("asks") and e["status"] in ("ok", "partial")]
+        lines += [
+            "",
+            f"Verification (scoring) time, CGEE off (exact) vs on (cgee), same run: "
+            f"{off['verify_s']:.2f} s vs {on['verify_s']:.2f} s, off / on = "
+            f"{_f(on['verify_speedup_vs_exact'], '{:.2f}x')} (> 1: CGEE verified faster) "
+            f"(verify calls skipped {on['verify_skipped']} of {on['verify_calls']}, layers run "
+            f"{on['verify_layers_run']} of {on['verify_layers_full']})",
+        ]
+    asks = [
+        (n, e) for n, e in doc["modes"].items() if n.startswith("asks") and e["status"] in ("ok", "partial")
+    ]
     if asks:
         ex = doc["modes"].get("exact") or {}
-        lines += ["", "ASKS: " + "; ".join(
-            f"{n}: {e['asks_attached']} rows attached, {e.get('asks_extra_reused', 0)} tokens reused after the "
-            f"differing span, reused {e['reused_tokens']} vs exact {ex.get('reused_tokens', '—')}, decisions as "
-            f"exact {_f((doc.get('agreement_vs_exact') or {}).get(n))}" for n, e in asks)]
+        lines += [
+            "",
+            "ASKS: "
+            + "; ".join(
+                f"{n}: {e['asks_attached']} rows attached, {e.get('asks_extra_reused', 0)} tokens reused after the "
+                f"differing span, reused {e['reused_tokens']} vs exact {ex.get('reused_tokens', '—')}, decisions as "
+                f"exact {_f((doc.get('agreement_vs_exact') or {}).get(n))}"
+                for n, e in asks
+            ),
+        ]
     notes = [(n, t) for n, e in doc["modes"].items() for t in e["notes"]]
     if notes:
         lines += ["", "Notes:"] + [f"- {n}: {t}" for n, t in notes]
     rp = doc.get("replay")
     if rp:
-        lines += ["", f"Generation replay (same requests, same token ids, greedy, no stop strings, "
-                      f"max_new_tokens={rp['max_new_tokens']}):", "",
-                  "| side | requests | prompt tokens | generated tokens | wall s (median ± spread) | tokens/s |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Generation replay (same requests, same token ids, greedy, no stop strings, "
+            f"max_new_tokens={rp['max_new_tokens']}):",
+            "",
+            "| side | requests | prompt tokens | generated tokens | wall s (median ± spread) | tokens/s |",
+            "|---|---|---|---|---|---|",
+        ]
         for side in ("exact", "hf-cb"):
             s = rp[side]
-            lines.append(f"| {side} | {s['requests']} | {s['prompt_tokens']} | {s['generated_tokens']} | "
-                         f"{_f(s['wall_s'])} ± {_f(s['wall_s_spread'])} | {_f(s['tokens_per_s'], '{:.1f}')} |")
-        lines += ["", f"exact / hf-cb generation throughput: {_f(rp['throughput_exact_over_hf'], '{:.2f}x')}; "
-                      f"identical greedy outputs: {_f(rp['token_agreement'])}"]
+            lines.append(
+                f"| {side} | {s['requests']} | {s['prompt_tokens']} | {s['generated_tokens']} | "
+                f"{_f(s['wall_s'])} ± {_f(s['wall_s_spread'])} | {_f(s['tokens_per_s'], '{:.1f}')} |"
+            )
+        lines += [
+            "",
+            f"exact / hf-cb generation throughput: {_f(rp['throughput_exact_over_hf'], '{:.2f}x')}; "
+            f"identical greedy outputs: {_f(rp['token_agreement'])}",
+        ]
     return "\n".join(lines)
 
 
@@ -217,7 +312,11 @@ def plot(doc: dict, path: str) -> None:
     a1.axhline(1.0, color="grey", lw=0.8)
     a1.set_title("speedup vs nokv (wall time)")
     bottom = [0.0] * len(names)
-    for key, color in (("prefill_tokens", "tab:orange"), ("decode_tokens", "tab:green"), ("reused_tokens", "tab:grey")):
+    for key, color in (
+        ("prefill_tokens", "tab:orange"),
+        ("decode_tokens", "tab:green"),
+        ("reused_tokens", "tab:grey"),
+    ):
         vals = [float(doc["modes"][n][key] or 0) for n in names]
         a2.bar(names, vals, bottom=bottom, color=color, label=key.replace("_tokens", ""))
         bottom = [b + v for b, v in zip(bottom, vals)]

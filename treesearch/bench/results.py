@@ -9,12 +9,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 Tick = Callable[[int], None]
-FIXED_LENGTH_NOTE = ("fixed lengths: EOS and stop strings ignored (dummy weights, or --fixed-length); "
-                     "timings only, accuracy and decisions mean nothing")
-SUM_FIELDS = ("prefill_tokens", "reused_tokens", "decode_tokens", "unique_tokens", "generated_tokens",
-              "model_calls", "generate_calls", "score_calls", "verify_calls", "verify_skipped",
-              "verify_layers_run", "verify_layers_full", "cgee_disagreements", "asks_attached",
-              "asks_extra_reused", "evicted_blocks", "recomputed_tokens")
+FIXED_LENGTH_NOTE = (
+    "fixed lengths: EOS and stop strings ignored (dummy weights, or --fixed-length); "
+    "timings only, accuracy and decisions mean nothing"
+)
+SUM_FIELDS = (
+    "prefill_tokens",
+    "reused_tokens",
+    "decode_tokens",
+    "unique_tokens",
+    "generated_tokens",
+    "model_calls",
+    "generate_calls",
+    "score_calls",
+    "verify_calls",
+    "verify_skipped",
+    "verify_layers_run",
+    "verify_layers_full",
+    "cgee_disagreements",
+    "asks_attached",
+    "asks_extra_reused",
+    "evicted_blocks",
+    "recomputed_tokens",
+)
 
 
 @dataclass

@@ -14,13 +14,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from treesearch.common.config import Sampling
-from treesearch.engine.local import Engine
-from treesearch.models.load import LanguageModel
 from treesearch.bench import hfcb
 from treesearch.bench.modes import ENGINE_MODES, Mode, base_name, make_mode
 from treesearch.bench.results import RunResult, Tick
 from treesearch.bench.workloads import Workload
+from treesearch.common.config import Sampling
+from treesearch.engine.local import Engine
+from treesearch.models.load import LanguageModel
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,17 @@ def total_ticks(workload: Workload, names: list[str], repeat: int) -> int:
     return len(workload.items) * repeat * (engine_modes + extra) + (2 * repeat if "hf-cb" in names else 0)
 
 
-def run_all(lm: LanguageModel, workload: Workload, names: list[str], *, repeat: int = 1,
-            tick: Tick | None = None, budget_fraction: float = 0.25, replay_tokens: int | None = None,
-            server: Any = None) -> BenchRuns:
+def run_all(
+    lm: LanguageModel,
+    workload: Workload,
+    names: list[str],
+    *,
+    repeat: int = 1,
+    tick: Tick | None = None,
+    budget_fraction: float = 0.25,
+    replay_tokens: int | None = None,
+    server: Any = None,
+) -> BenchRuns:
     tick = tick or (lambda n: None)
     out = BenchRuns()
     for name in names:
@@ -103,8 +111,10 @@ def run_all(lm: LanguageModel, workload: Workload, names: list[str], *, repeat: 
                 continue
             mr.runs.append(run)
             if base_name(name) == "exact":
-                exact_peak[mr.mode.concurrency] = (run.stats.get("peak_kv_bytes", 0),
-                                                   run.stats.get("least_budget_bytes", 0))
+                exact_peak[mr.mode.concurrency] = (
+                    run.stats.get("peak_kv_bytes", 0),
+                    run.stats.get("least_budget_bytes", 0),
+                )
         if "hf-cb" in out.modes and not out.modes["hf-cb"].error:
             _replay(lm, workload, out, tick, replay_tokens)
     return out
@@ -121,7 +131,9 @@ def _run_mode(lm: LanguageModel, workload: Workload, mode: Mode, tick: Tick, ret
             if mode.config.cache_budget is None or attempt == retries:
                 raise
             mode.config.cache_budget = int(mode.config.cache_budget * 1.5)
-            mode.notes.append(f"CacheBudgetError: budget raised 1.5x to {mode.config.cache_budget} B and rerun")
+            mode.notes.append(
+                f"CacheBudgetError: budget raised 1.5x to {mode.config.cache_budget} B and rerun"
+            )
     raise AssertionError("unreachable")
 
 
@@ -139,10 +151,14 @@ def _set_budget(mode: Mode, exact: tuple[int, int] | None, fraction: float) -> N
         mode.notes.append(f"cache_budget = {fraction:g} x exact's peak KV bytes{raised}")
 
 
-def _replay(lm: LanguageModel, workload: Workload, out: BenchRuns, tick: Tick, replay_tokens: int | None) -> None:
+def _replay(
+    lm: LanguageModel, workload: Workload, out: BenchRuns, tick: Tick, replay_tokens: int | None
+) -> None:
     mr = out.modes["hf-cb"]
-    source = next((out.modes[n].runs[-1] for n in ("exact", "nokv", "rksc")
-                   if n in out.modes and out.modes[n].runs), None)
+    source = next(
+        (out.modes[n].runs[-1] for n in ("exact", "nokv", "rksc") if n in out.modes and out.modes[n].runs),
+        None,
+    )
     if source is None:  # hf-cb alone: record the requests with an untimed exact run
         source = workload.run(lm, make_mode("exact").config, tick)
         mr.mode.notes.append("requests recorded by an untimed exact run")

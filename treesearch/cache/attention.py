@@ -29,8 +29,16 @@ Prefix = list[tuple[torch.Tensor, int]]  # a row's cached K/V runs: (kv [L, 2, H
 class BatchKV:
     """K/V of one running batch: a per-row local buffer plus the cached prefix runs each row extends."""
 
-    def __init__(self, num_layers: int, batch: int, kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: Any) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        batch: int,
+        kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: Any,
+    ) -> None:
         # shape [L, B, Hkv, cap, d]
         self.k = torch.zeros(num_layers, batch, kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
@@ -66,7 +74,7 @@ class BatchKV:
     def begin(self, write_pos: int, new_valid: torch.Tensor) -> None:
         """Prepare a forward whose n new tokens per row go to buffer positions write_pos..write_pos+n."""
         n = new_valid.shape[1]
-        self.valid[:, write_pos:write_pos + n] = new_valid
+        self.valid[:, write_pos : write_pos + n] = new_valid
         self._write, self._n = write_pos, n
         t = write_pos + n
         keys = self.valid[:, :t]  # [B, T]
@@ -78,7 +86,9 @@ class BatchKV:
             mask = keys[:, None, :]
         self._mask = mask
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float
+    ) -> torch.Tensor:
         """q [B, H, n, d], k/v [B, Hkv, n, d] (new tokens, RoPE applied) -> output [B, n, H, d]."""
         bsz, heads, n, d = q.shape
         hkv = k.shape[1]
@@ -93,7 +103,9 @@ class BatchKV:
         lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [B, Hkv, gn, 1]
         out = torch.matmul(torch.exp(scores - lse), self.v[layer, :, :, :t])  # [B, Hkv, gn, d]
         for kv, used, rows in self.groups:
-            out, lse = _merge_prefix(qg, out, lse, kv[layer, 0, :, :used], kv[layer, 1, :, :used], rows, scaling)
+            out, lse = _merge_prefix(
+                qg, out, lse, kv[layer, 0, :, :used], kv[layer, 1, :, :used], rows, scaling
+            )
         return out.reshape(bsz, heads, n, d).transpose(1, 2)
 
     def select(self, keep: list[int]) -> None:
@@ -112,7 +124,11 @@ class BatchKV:
                 continue
             kept = [remap[r] for r in rows.tolist() if r in remap]
             if kept:
-                t = None if len(kept) == len(keep) else torch.tensor(kept, dtype=torch.long, device=self.k.device)
+                t = (
+                    None
+                    if len(kept) == len(keep)
+                    else torch.tensor(kept, dtype=torch.long, device=self.k.device)
+                )
                 groups.append((kv, used, t))
         self.groups = groups
 
@@ -151,8 +167,9 @@ def treesearch_attention(module, query, key, value, attention_mask, scaling=None
     if batch is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
-                                      dropout=dropout, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     return batch.attend(module.layer_idx, query, key, value, scaling), None

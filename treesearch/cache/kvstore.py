@@ -105,8 +105,13 @@ class Segment:
 class KVStore:
     """Token tree of cached K/V segments with an exact prefix index, block accounting, owners and a budget."""
 
-    def __init__(self, bytes_per_token: int, block_size: int = 16, budget: int | None = None,
-                 policy: Callable[[Segment], Any] | None = None) -> None:
+    def __init__(
+        self,
+        bytes_per_token: int,
+        block_size: int = 16,
+        budget: int | None = None,
+        policy: Callable[[Segment], Any] | None = None,
+    ) -> None:
         self.bytes_per_token = bytes_per_token
         self.block_size = block_size
         self.budget = budget
@@ -185,8 +190,15 @@ class KVStore:
             if child is None:
                 break
             parent, off = child, 0
-        seg = Segment(id=next(self._ids), tokens=tokens[i:], parent=parent, parent_len=off,
-                      start=parent.start + off, kv=None, last_use=next(self._clock))
+        seg = Segment(
+            id=next(self._ids),
+            tokens=tokens[i:],
+            parent=parent,
+            parent_len=off,
+            start=parent.start + off,
+            kv=None,
+            last_use=next(self._clock),
+        )
         seg.first_block = next(self._blocks)
         for _ in range(self.blocks(seg) - 1):
             next(self._blocks)
@@ -218,10 +230,12 @@ class KVStore:
         """Give a segment the K/V of tokens[:k] (k = kv's length, at least what it holds now), after
         creation or recomputation, evicting others to make room for the added blocks."""
         k = kv.shape[3]
-        assert seg.resident_len <= k <= len(seg.tokens), \
+        assert seg.resident_len <= k <= len(seg.tokens), (
             f"segment {seg.id}: kv has {k} tokens, expected {seg.resident_len}..{len(seg.tokens)}"
-        assert seg.parent is self.root or seg.parent.resident_len >= seg.parent_len, \
+        )
+        assert seg.parent is self.root or seg.parent.resident_len >= seg.parent_len, (
             f"segment {seg.id}: parent {seg.parent.id} is evicted; refill ancestors first (note 5)"
+        )
         add = self.tokens_bytes(k) - self.resident_bytes(seg)
         if add > 0:
             path = seg.context_chain()  # the segment and its context are not candidates for its room
@@ -252,8 +266,9 @@ class KVStore:
         assert seg.pins == 0, f"segment {seg.id} is pinned ({seg.pins}) and cannot be evicted"
         if seg.kv is None:
             return 0
-        assert not any(c.kv is not None for c in seg.children.values()), \
+        assert not any(c.kv is not None for c in seg.children.values()), (
             f"segment {seg.id} has resident children; evict leaves first (note 5)"
+        )
         freed = self.resident_bytes(seg)
         blocks = freed // self.block_bytes
         seg.kv = None
@@ -267,8 +282,12 @@ class KVStore:
         return [s for s in self.segments.values() if self._is_evictable(s)]
 
     def _is_evictable(self, s: Segment) -> bool:
-        return (s is not self.root and s.kv is not None and s.pins == 0
-                and not any(c.kv is not None for c in s.children.values()))
+        return (
+            s is not self.root
+            and s.kv is not None
+            and s.pins == 0
+            and not any(c.kv is not None for c in s.children.values())
+        )
 
     def make_room(self, nbytes: int) -> list[Segment]:
         """Evict lowest-priority evictable segments until `nbytes` more fit in the budget."""
@@ -283,7 +302,8 @@ class KVStore:
                     f"cache_budget={self.budget} bytes cannot hold {nbytes} more bytes: {self.bytes_held} are held "
                     f"by pinned segments (the running batch's context and pinned prompts) and {self.reserved} by "
                     f"running batch buffers; raise --cache-budget to at least "
-                    f"{self.bytes_held + self.reserved + nbytes} or run fewer searches at once")
+                    f"{self.bytes_held + self.reserved + nbytes} or run fewer searches at once"
+                )
             _, _, s = heapq.heappop(heap)
             self.evict(s)
             evicted.append(s)
@@ -363,7 +383,9 @@ class KVStore:
                 while p is not None and p.id not in blocked:
                     blocked.add(p.id)
                     p = p.parent
-        return sum(self.resident_bytes(s) for s in self.segments.values() if s.kv is not None and s.id not in blocked)
+        return sum(
+            self.resident_bytes(s) for s in self.segments.values() if s.kv is not None and s.id not in blocked
+        )
 
     def room(self, *, free_only: bool = False) -> float:
         """Bytes that fit in the budget once everything evictable (with free_only: only what no
@@ -415,8 +437,9 @@ class KVStore:
         held = sum(self.resident_bytes(s) for s in self.segments.values() if s.kv is not None)
         assert held == self.bytes_held, f"bytes_held {self.bytes_held} != recomputed {held}"
         if self.budget is not None:
-            assert self.bytes_held + self.reserved <= self.budget, \
+            assert self.bytes_held + self.reserved <= self.budget, (
                 f"bytes_held {self.bytes_held} + reserved {self.reserved} > budget {self.budget}"
+            )
         holders: dict[int, set] = {}
         for owner, segs in self._held.items():
             for s in segs:
@@ -432,6 +455,7 @@ class KVStore:
             assert s.parent is not None and s.parent.children.get((s.parent_len, s.tokens[0])) is s
             assert s.start == s.parent.start + s.parent_len
             if s.kv is not None:
-                assert s.parent is self.root or s.parent.resident_len >= s.parent_len, \
+                assert s.parent is self.root or s.parent.resident_len >= s.parent_len, (
                     f"segment {s.id} is resident but its parent {s.parent.id} is not up to {s.parent_len} (note 5)"
+                )
                 assert 0 < s.kv.shape[3] <= len(s.tokens)

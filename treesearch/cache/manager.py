@@ -31,12 +31,12 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from treesearch.cache.attention import BatchKV, Prefix
+from treesearch.cache.attention import Prefix
+from treesearch.cache.kvstore import Chain, KVStore, Segment
 from treesearch.common.config import RKSCConfig
 from treesearch.common.errors import CacheBudgetError
-from treesearch.cache.kvstore import Chain, KVStore, Segment
-from treesearch.policies.rsbcm import Priority, RSBCMPolicy
 from treesearch.common.stats import Stats, distinct
+from treesearch.policies.rsbcm import Priority, RSBCMPolicy
 
 Handle = tuple[Segment, int]  # a context end in the KV store: (segment, used tokens)
 Compute = Callable[[list[Chain], list[list[int]], list[int], list[Stats]], list[Any]]  # -> K/V per row
@@ -51,7 +51,9 @@ class Row:
     matched: int = 0  # tokens served from the cache (the chain's length)
     asks_ref: int | None = None  # row (in this batch) whose K/V this row attached to
     asks_sigma: float | None = None
-    prepass: int = 0  # of `matched`, tokens computed earlier in this call (a shared run, ASKS's pre-pass): not reused
+    prepass: int = (
+        0  # of `matched`, tokens computed earlier in this call (a shared run, ASKS's pre-pass): not reused
+    )
     bare: bool = False  # attend over no cached prefix: compute the whole prompt (a budget too small for both)
     cut: int = 0  # cached tokens a bare row computes again (counted as recomputed)
     must_store: bool = False  # its prompt's K/V must be cached (a pinned owner's, e.g. the root's)
@@ -71,14 +73,23 @@ def _ceil(n: int, d: int) -> int:
 class CacheManager:
     """Owns the KV store of one engine: planning, residency, owners, pins and the budget."""
 
-    def __init__(self, bytes_per_token: int, config: RKSCConfig, stats: Stats, compute: Compute,
-                 *, share_min_tokens: int = 8) -> None:
+    def __init__(
+        self,
+        bytes_per_token: int,
+        config: RKSCConfig,
+        stats: Stats,
+        compute: Compute,
+        *,
+        share_min_tokens: int = 8,
+    ) -> None:
         self.config = config
         self.stats = stats
         self.compute = compute
         self.share_min_tokens = share_min_tokens
         self.policy = RSBCMPolicy()
-        self.store = KVStore(bytes_per_token, config.block_size, budget=config.cache_budget, policy=self.policy)
+        self.store = KVStore(
+            bytes_per_token, config.block_size, budget=config.cache_budget, policy=self.policy
+        )
         self._call_pins: list[Chain] = []  # chains pinned for the running engine call
         self._prompt_pins: set = set()  # owners whose prompts are pinned (pin_owner)
         self._prompt_hits: dict[int, set] = {}  # segment id -> searches whose prompt contexts ran through it
@@ -215,8 +226,11 @@ class CacheManager:
         chains: Chain = [p for r in [*rows, *keep] for p in r.chain]
         blocks = sum(_ceil(len(r.ids) - r.matched, store.block_size) for r in keep)
         longest = max((len(r.ids) - r.matched for r in rows), default=0)
-        return (store.pinned_bytes(chains) + blocks * store.block_bytes
-                + len(rows) * (longest + extra) * store.bytes_per_token)
+        return (
+            store.pinned_bytes(chains)
+            + blocks * store.block_bytes
+            + len(rows) * (longest + extra) * store.bytes_per_token
+        )
 
     def check_budget(self, rows: list[Row], extra: int) -> None:
         """Fail before any work when the budget cannot run every row: what must stay cached (the
@@ -226,8 +240,9 @@ class CacheManager:
             return
         budget = self.store.budget
         must = [r for r in rows if r.must_store]
-        need = max(min(self.need_bytes([r], extra, must), self.need_bytes([bare_copy(r)], extra, must))
-                   for r in rows)
+        need = max(
+            min(self.need_bytes([r], extra, must), self.need_bytes([bare_copy(r)], extra, must)) for r in rows
+        )
         for st in distinct([r.stats or self.stats for r in rows]):  # the least budget that runs it
             st.least_budget_bytes = max(st.least_budget_bytes, need)
         if budget is not None and need > budget:
@@ -235,7 +250,8 @@ class CacheManager:
             raise CacheBudgetError(
                 f"cache_budget={budget} bytes cannot run this call: the pinned prompts and one row's context and "
                 f"batch buffer need at least {need} bytes ({need // bpt} tokens of K/V at {bpt} bytes each); "
-                f"raise --cache-budget to at least {need}, or run fewer searches at once")
+                f"raise --cache-budget to at least {need}, or run fewer searches at once"
+            )
 
     def plan(self, rows: list[Row], extra: int, max_batch: int) -> list[list[int]]:
         """Split the rows (in order) into batches of at most max_batch whose K/V fits the budget
@@ -245,13 +261,19 @@ class CacheManager:
         budget = self.store.budget
         for r in rows:  # a row whose cached context and buffer cannot fit together runs bare
             if budget is not None and self.need_bytes([r], extra, must) > budget >= self.need_bytes(
-                    [bare_copy(r)], extra, must):
+                [bare_copy(r)], extra, must
+            ):
                 r.bare, r.chain, r.matched = True, [], 0
         out: list[list[int]] = []
         cur: list[int] = []
         for i, r in enumerate(rows):
-            if cur and (len(cur) == max_batch or (self.store.budget is not None and self.need_bytes(
-                    [rows[j] for j in cur] + [r], extra, must) > self.store.budget)):
+            if cur and (
+                len(cur) == max_batch
+                or (
+                    self.store.budget is not None
+                    and self.need_bytes([rows[j] for j in cur] + [r], extra, must) > self.store.budget
+                )
+            ):
                 out.append(cur)
                 cur = []
             cur.append(i)
@@ -259,7 +281,9 @@ class CacheManager:
             out.append(cur)
         return out
 
-    def run_batches(self, rows: list[Row], extra: int, max_batch: int, run: Callable[[list[int]], list]) -> list:
+    def run_batches(
+        self, rows: list[Row], extra: int, max_batch: int, run: Callable[[list[int]], list]
+    ) -> list:
         """run(indexes) over the batches `plan` makes, results in row order; a batch that finds
         too little room when it starts (CacheBudgetError) is split in two and waits, a single row
         that still cannot fit runs bare (without its cached context). Each batch's pins end with it."""
@@ -271,7 +295,7 @@ class CacheManager:
                 results = run(idx)
             except CacheBudgetError:
                 if len(idx) > 1:
-                    queue[:0] = [idx[:len(idx) // 2], idx[len(idx) // 2:]]
+                    queue[:0] = [idx[: len(idx) // 2], idx[len(idx) // 2 :]]
                 elif rows[idx[0]].bare or not self.config.shares:
                     raise
                 else:
@@ -295,7 +319,9 @@ class CacheManager:
                 if r.matched < len(r.ids) - 1:
                     end = (r.chain[-1][0].id, r.chain[-1][1]) if r.chain else (0, 0)
                     groups.setdefault((end, r.ids[r.matched]), []).append(r)
-            runs: list[tuple[Chain, list[int], int, list[int], Stats]] = []  # counted in the first row's stats
+            runs: list[
+                tuple[Chain, list[int], int, list[int], Stats]
+            ] = []  # counted in the first row's stats
             firsts: list[tuple[Row, int]] = []
             for members in groups.values():
                 if len(members) < 2:
@@ -303,11 +329,20 @@ class CacheManager:
                 first = members[0]
                 n = min(len(m.ids) - 1 - m.matched for m in members)
                 lcp = 0
-                while lcp < n and all(m.ids[m.matched + lcp] == first.ids[first.matched + lcp] for m in members):
+                while lcp < n and all(
+                    m.ids[m.matched + lcp] == first.ids[first.matched + lcp] for m in members
+                ):
                     lcp += 1
                 if lcp >= self.share_min_tokens:
-                    runs.append((first.chain, first.ids[first.matched:first.matched + lcp], first.matched,
-                                 first.ids[:first.matched + lcp], first.stats or self.stats))
+                    runs.append(
+                        (
+                            first.chain,
+                            first.ids[first.matched : first.matched + lcp],
+                            first.matched,
+                            first.ids[: first.matched + lcp],
+                            first.stats or self.stats,
+                        )
+                    )
                     firsts.append((first, lcp))
             if not runs:
                 return
@@ -318,8 +353,9 @@ class CacheManager:
                 return
             for run in runs:
                 self.ensure_resident(run[0], charge=run[4])
-            kvs = self.compute([r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs],
-                               [r[4] for r in runs])
+            kvs = self.compute(
+                [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs], [r[4] for r in runs]
+            )
             for kv, (_, toks, start, ids, charge) in zip(kvs, runs):
                 self.insert(ids, start, kv, charge=charge)
             self.lookup(rows)
@@ -327,8 +363,9 @@ class CacheManager:
                 first.prepass += lcp
 
     # -- storing and residency --------------------------------------------------------------------------
-    def store_kv(self, ids: list[int], start: int, kv: Any, *, free_only: bool = False,
-                 charge: Stats | None = None) -> Handle:
+    def store_kv(
+        self, ids: list[int], start: int, kv: Any, *, free_only: bool = False, charge: Stats | None = None
+    ) -> Handle:
         """Cache the K/V of ids[start:] (or its first whole blocks) where the budget has room,
         else record only the tokens (a non-resident segment, recomputed if it is ever needed).
 
@@ -345,16 +382,28 @@ class CacheManager:
         keep = None  # cache every new token
         if store.budget is not None:
             missing = [(s, u) for s, u in chain if u > s.resident_len]
-            room = store.room(free_only=free_only) - sum(store.tokens_bytes(u) - store.resident_bytes(s)
-                                                         for s, u in missing)
+            room = store.room(free_only=free_only) - sum(
+                store.tokens_bytes(u) - store.resident_bytes(s) for s, u in missing
+            )
             keep = min(len(ids) - m, max(0, int(room)) // store.block_bytes * store.block_size)
-            if (room < 0 or (keep == 0 and m < len(ids))
-                    or any(s.start + s.resident_len < start for s, _ in missing)):
+            if (
+                room < 0
+                or (keep == 0 and m < len(ids))
+                or any(s.start + s.resident_len < start for s, _ in missing)
+            ):
                 return chain[-1] if m == len(ids) else store.insert(chain, ids[m:], None)  # tokens only
         return self.insert(ids, start, kv, found=(chain, m), keep=keep, charge=charge)
 
-    def insert(self, ids: list[int], start: int, kv: Any, *, found: tuple[Chain, int] | None = None,
-               keep: int | None = None, charge: Stats | None = None) -> Handle:
+    def insert(
+        self,
+        ids: list[int],
+        start: int,
+        kv: Any,
+        *,
+        found: tuple[Chain, int] | None = None,
+        keep: int | None = None,
+        charge: Stats | None = None,
+    ) -> Handle:
         """Store the K/V of ids[start:] (given as kv) after the cached ids[:start]; returns the end
         handle, pinned for the rest of the call. Evicted segments the tokens run through are
         refilled from kv when it covers them, else recomputed (so the handle is resident).
@@ -368,13 +417,14 @@ class CacheManager:
         self.ensure_resident(chain, known=(start, kv), charge=charge)
         if m == len(ids):
             return chain[-1]
-        part = kv[:, :, :, m - start:] if keep is None else kv[:, :, :, m - start:m - start + keep]
+        part = kv[:, :, :, m - start :] if keep is None else kv[:, :, :, m - start : m - start + keep]
         end = self.store.insert(chain, ids[m:], part)
         self.pin([end])
         return end
 
-    def ensure_resident(self, chain: Chain, known: tuple[int, Any] | None = None, *,
-                        charge: Stats | None = None) -> None:
+    def ensure_resident(
+        self, chain: Chain, known: tuple[int, Any] | None = None, *, charge: Stats | None = None
+    ) -> None:
         """Make each chain segment resident up to the tokens the chain uses, recomputing what is
         missing from its nearest cached ancestor (counted as recomputed).
 
@@ -389,7 +439,7 @@ class CacheManager:
                 continue
             lo, hi = seg.start + have, seg.start + used  # absolute positions missing
             if known is not None and lo >= known[0] and hi <= known[0] + known[1].shape[3]:
-                new = known[1][:, :, :, lo - known[0]:hi - known[0]]
+                new = known[1][:, :, :, lo - known[0] : hi - known[0]]
             else:
                 prefix = list(chain[:i]) + ([(seg, have)] if have else [])
                 new = self.compute([prefix], [list(seg.tokens[have:used])], [lo], [charge])[0]

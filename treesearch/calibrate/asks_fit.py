@@ -43,19 +43,45 @@ def _range(text: str) -> tuple[int, int]:
 def build_parser() -> argparse.ArgumentParser:
     """The arguments of `treesearch bench calibrate-asks`."""
     p = argparse.ArgumentParser(prog="treesearch bench calibrate-asks", description=__doc__.split("\n\n")[0])
-    p.add_argument("--range", dest="calib", type=_range, default=DEFAULT_RANGE, metavar="A:B",
-                   help=f"GSM8K calibration rows (default {DEFAULT_RANGE[0]}:{DEFAULT_RANGE[1]})")
-    p.add_argument("--eval-range", dest="held", type=_range, default=DEFAULT_EVAL, metavar="A:B",
-                   help=f"held-out GSM8K rows (default {DEFAULT_EVAL[0]}:{DEFAULT_EVAL[1]})")
-    p.add_argument("--wordings", type=int, default=4, metavar="K", help="wordings per question (2-4; default 4)")
-    p.add_argument("--target", type=float, default=TARGET,
-                   help="answer-change rate of attached rows to bound (95%% Wilson upper; default 0.05)")
-    p.add_argument("--model", default=None, help="model folder or id (default: embedded SmolLM2-135M-Instruct; 'tiny')")
-    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N", help="reasoning tokens (default 32)")
+    p.add_argument(
+        "--range",
+        dest="calib",
+        type=_range,
+        default=DEFAULT_RANGE,
+        metavar="A:B",
+        help=f"GSM8K calibration rows (default {DEFAULT_RANGE[0]}:{DEFAULT_RANGE[1]})",
+    )
+    p.add_argument(
+        "--eval-range",
+        dest="held",
+        type=_range,
+        default=DEFAULT_EVAL,
+        metavar="A:B",
+        help=f"held-out GSM8K rows (default {DEFAULT_EVAL[0]}:{DEFAULT_EVAL[1]})",
+    )
+    p.add_argument(
+        "--wordings", type=int, default=4, metavar="K", help="wordings per question (2-4; default 4)"
+    )
+    p.add_argument(
+        "--target",
+        type=float,
+        default=TARGET,
+        help="answer-change rate of attached rows to bound (95%% Wilson upper; default 0.05)",
+    )
+    p.add_argument(
+        "--model", default=None, help="model folder or id (default: embedded SmolLM2-135M-Instruct; 'tiny')"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=None, metavar="N", help="reasoning tokens (default 32)"
+    )
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
     p.add_argument("--out", default=None, metavar="PATH", help="calibration file (default: the shipped one)")
-    p.add_argument("--records", default=None, metavar="PATH",
-                   help="refit on the records of an earlier calibration file (no model run; its ranges kept)")
+    p.add_argument(
+        "--records",
+        default=None,
+        metavar="PATH",
+        help="refit on the records of an earlier calibration file (no model run; its ranges kept)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the result, write no file")
     return p
 
@@ -64,8 +90,10 @@ def check(args: argparse.Namespace) -> None:
     """Ranges that do not overlap each other nor the bench rows (errors name the fix)."""
     for flag, (a, b) in (("--range", args.calib), ("--eval-range", args.held)):
         if a < BENCH_ROWS[1] and b > BENCH_ROWS[0]:
-            raise SystemExit(f"{flag} {a}:{b} overlaps the GSM8K rows {BENCH_ROWS[0]}:{BENCH_ROWS[1]} the paraphrase "
-                             f"bench measures; pick rows from {BENCH_ROWS[1]} on")
+            raise SystemExit(
+                f"{flag} {a}:{b} overlaps the GSM8K rows {BENCH_ROWS[0]}:{BENCH_ROWS[1]} the paraphrase "
+                f"bench measures; pick rows from {BENCH_ROWS[1]} on"
+            )
     (a, b), (c, d) = args.calib, args.held
     if a < d and c < b:
         raise SystemExit(f"--eval-range {c}:{d} overlaps --range {a}:{b}; held-out rows must be other rows")
@@ -75,13 +103,15 @@ def check(args: argparse.Namespace) -> None:
         raise SystemExit(f"--target {args.target}; use a rate between 0 and 1, e.g. 0.05")
 
 
-def collect(lm, start: int, end: int, wordings: int, max_new_tokens: int | None, log=None) -> tuple[list[Record], dict]:
+def collect(
+    lm, start: int, end: int, wordings: int, max_new_tokens: int | None, log=None
+) -> tuple[list[Record], dict]:
     """The gate-open pairs of rows [start, end) as records, and what the two runs did (agreement, reuse)."""
-    from treesearch.common.config import RKSCConfig, Sampling
-    from treesearch.engine.local import Engine
     from treesearch.bench.branch import verifier
     from treesearch.bench.paraphrase import MAX_NEW_TOKENS, STOP, decisions, load_items
     from treesearch.bench.results import RunResult
+    from treesearch.common.config import RKSCConfig, Sampling
+    from treesearch.engine.local import Engine
 
     items, skipped = load_items(start, end, wordings)
     sampling = Sampling(max_new_tokens=max_new_tokens or MAX_NEW_TOKENS, stop=STOP)
@@ -111,18 +141,37 @@ def collect(lm, start: int, end: int, wordings: int, max_new_tokens: int | None,
             j = d["row"]
             records.append(Record(tuple(d["cos"]), int(d["tokens"]), dx[j] != do[j]))
         if log:
-            log(f"rows {start}:{end}: question {n + 1}/{len(items)} (row {item.row}), {len(records)} pairs, "
-                f"{sum(r.changed for r in records)} changed, {time.perf_counter() - t0:.0f} s")
-    meta = {"range": f"{start}:{end}", "questions": len(items), "rows_left_out": skipped, "wordings": wordings,
-            "verified": "exactly (both sides), so changes come from the generate call's attachments",
-            "gate_open_decisions_as_exact": same / total if total else None, "decisions": total,
-            "generate_reused_tokens_exact": reused["exact"], "generate_reused_tokens_gate_open": reused["open"]}
+            log(
+                f"rows {start}:{end}: question {n + 1}/{len(items)} (row {item.row}), {len(records)} pairs, "
+                f"{sum(r.changed for r in records)} changed, {time.perf_counter() - t0:.0f} s"
+            )
+    meta = {
+        "range": f"{start}:{end}",
+        "questions": len(items),
+        "rows_left_out": skipped,
+        "wordings": wordings,
+        "verified": "exactly (both sides), so changes come from the generate call's attachments",
+        "gate_open_decisions_as_exact": same / total if total else None,
+        "decisions": total,
+        "generate_reused_tokens_exact": reused["exact"],
+        "generate_reused_tokens_gate_open": reused["open"],
+    }
     return records, meta
 
 
-META = ("range", "questions", "rows_left_out", "wordings", "gate_open_decisions_as_exact", "decisions",
-        "reused_tokens_exact", "reused_tokens_gate_open", "generate_reused_tokens_exact",
-        "generate_reused_tokens_gate_open", "verified")
+META = (
+    "range",
+    "questions",
+    "rows_left_out",
+    "wordings",
+    "gate_open_decisions_as_exact",
+    "decisions",
+    "reused_tokens_exact",
+    "reused_tokens_gate_open",
+    "generate_reused_tokens_exact",
+    "generate_reused_tokens_gate_open",
+    "verified",
+)
 
 
 def _saved(path: str) -> tuple[list[Record], dict, list[Record], dict, str, str]:
@@ -135,17 +184,25 @@ def _saved(path: str) -> tuple[list[Record], dict, list[Record], dict, str, str]
         raise SystemExit(f"--records {path}: the file has no records; rerun calibrate-asks without --records")
     recs = {k: [Record.from_json(r) for r in v] for k, v in data["records"].items()}
     metas = {k: {m: data[k][m] for m in META if m in data.get(k, {})} for k in ("calibration", "heldout")}
-    return (recs["calibration"], metas["calibration"], recs["heldout"], metas["heldout"], data["model"],
-            data.get("command", ""))
+    return (
+        recs["calibration"],
+        metas["calibration"],
+        recs["heldout"],
+        metas["heldout"],
+        data["model"],
+        data.get("command", ""),
+    )
 
 
 def _answers(v, item, gens) -> tuple[list[str | None], list[float]]:
     """Each wording's number and P(yes), verified by v."""
-    from treesearch.tasks.gsm8k import extract_number
     from treesearch.bench.branch import verify
     from treesearch.bench.prompts import VERIFY_SUFFIX
+    from treesearch.tasks.gsm8k import extract_number
 
-    values = verify(v, [w + g.text + VERIFY_SUFFIX for w, g in zip(item.wordings, gens)], [g.confidence for g in gens])
+    values = verify(
+        v, [w + g.text + VERIFY_SUFFIX for w, g in zip(item.wordings, gens)], [g.confidence for g in gens]
+    )
     return [extract_number(g.text) for g in gens], values
 
 
@@ -155,7 +212,7 @@ def dump(doc: dict) -> str:
     parts = []
     for key, recs in doc.get("records", {}).items():
         lines = ",\n".join("   " + json.dumps(r, separators=(",", ":")) for r in recs)
-        parts.append(f'  {json.dumps(key)}: [\n{lines}\n  ]')
+        parts.append(f"  {json.dumps(key)}: [\n{lines}\n  ]")
     records = ' "records": {\n' + ",\n".join(parts) + "\n }"
     return head[:-2] + ",\n" + records + "\n}\n"
 
@@ -182,9 +239,16 @@ def main(argv: list[str]) -> int:
         calib, cmeta = collect(lm, *args.calib, args.wordings, args.max_new_tokens, _log)
         held, hmeta = collect(lm, *args.held, args.wordings, args.max_new_tokens, _log)
     result = decide(calib, held, args.target)
-    doc = {"model": model, "workload": "paraphrase", "alpha": result["alpha"], "tau": result["tau"],
-           "gate": result["gate"], "target": args.target, "command": command,
-           **{k: v for k, v in result.items() if k not in ("alpha", "tau", "gate")}}
+    doc = {
+        "model": model,
+        "workload": "paraphrase",
+        "alpha": result["alpha"],
+        "tau": result["tau"],
+        "gate": result["gate"],
+        "target": args.target,
+        "command": command,
+        **{k: v for k, v in result.items() if k not in ("alpha", "tau", "gate")},
+    }
     if args.records:
         doc["refit"] = "treesearch bench calibrate-asks " + " ".join(argv)
     doc["calibration"] = dict(doc["calibration"], **cmeta)

@@ -34,15 +34,27 @@ import argparse
 import json
 import math
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from treesearch.calibrate.sets import (CHOICE_PROMPT, Dataset, choice_prompt, collect_choice, collect_game24,  # noqa: F401
-                               collect_game24_oracle, legal_moves, top_b)
-from treesearch.policies.cgee import Branch, Thresholds, calibration_path, confidence_value, decisive_sets, exit_layers, label_entropy
+from treesearch.calibrate.sets import (
+    Dataset,
+    collect_choice,
+    collect_game24,  # noqa: F401
+    collect_game24_oracle,
+    top_b,
+)
+from treesearch.policies.cgee import (
+    Branch,
+    Thresholds,
+    calibration_path,
+    confidence_value,
+    decisive_sets,
+    exit_layers,
+    label_entropy,
+)
 
 THETAS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.1, 1.4)  # ln 3 = 1.10, ln 4 = 1.39
 EPSS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)
@@ -61,8 +73,10 @@ def binom_cdf(k: int, n: int, p: float) -> float:
     if p >= 1.0:
         return 1.0 if k >= n else 0.0
     lp, lq = math.log(p), math.log1p(-p)
-    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
-             for i in range(0, k + 1)]
+    terms = [
+        math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
+        for i in range(0, k + 1)
+    ]
     m = max(terms)
     return min(1.0, math.exp(m) * sum(math.exp(t - m) for t in terms))
 
@@ -104,15 +118,23 @@ class Outcome:
         return self.call_errors + self.step_errors
 
     def report(self) -> dict:
-        return {"calls": self.calls, "skipped": self.skipped, "skip_rate": self.skipped / max(1, self.calls),
-                "layer_fraction": self.layers_run / max(1, self.layers_full),
-                "call_errors": self.call_errors, "call_error_rate": self.call_errors / max(1, self.calls),
-                "call_error_upper95": clopper_pearson_upper(self.call_errors, self.calls),
-                "steps": self.steps, "step_errors": self.step_errors,
-                "step_error_upper95": clopper_pearson_upper(self.step_errors, self.steps) if self.steps else None}
+        return {
+            "calls": self.calls,
+            "skipped": self.skipped,
+            "skip_rate": self.skipped / max(1, self.calls),
+            "layer_fraction": self.layers_run / max(1, self.layers_full),
+            "call_errors": self.call_errors,
+            "call_error_rate": self.call_errors / max(1, self.calls),
+            "call_error_upper95": clopper_pearson_upper(self.call_errors, self.calls),
+            "steps": self.steps,
+            "step_errors": self.step_errors,
+            "step_error_upper95": clopper_pearson_upper(self.step_errors, self.steps) if self.steps else None,
+        }
 
 
-def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None, calls: np.ndarray | None = None) -> Outcome:
+def replay(
+    ds: Dataset, t: Thresholds, h: np.ndarray | None = None, calls: np.ndarray | None = None
+) -> Outcome:
     """Apply thresholds to the recorded calls and compare every decision with the full pass.
 
     As in a live search (`Searcher.evaluate` + `Verifier`): a candidate whose call was verified in
@@ -145,8 +167,9 @@ def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None, calls: np.nd
             fv[c["node"]] = float(full[c["call"]] @ w)
             if c["call"] not in memo:
                 pending[c["node"]] = c
-        skips = decisive_sets([Branch(c["node"], c["parent"], c["conf"]) for c in pending.values()],
-                              t.tau_conf, t.margin)
+        skips = decisive_sets(
+            [Branch(c["node"], c["parent"], c["conf"]) for c in pending.values()], t.tau_conf, t.margin
+        )
         in_verified_set.update(c["call"] for c in pending.values() if c["parent"] not in skips)
         for chosen, nodes in skips.values():
             best_full = max(nodes, key=lambda x: (fv[x], -x))
@@ -164,9 +187,15 @@ def replay(ds: Dataset, t: Thresholds, h: np.ndarray | None = None, calls: np.nd
     skip_err = np.zeros(n, dtype=bool)
     skip_err[list(call_errors_skip)] = True
     call_errors = int((((wrong & verified) | skip_err) & mask).sum())
-    return Outcome(calls=int(mask.sum()), skipped=int((~verified & mask).sum()),
-                   layers_run=int(ex[verified & mask].sum()), layers_full=int((verified & mask).sum()) * num_layers,
-                   call_errors=call_errors, steps=len(ds.steps), step_errors=step_errors)
+    return Outcome(
+        calls=int(mask.sum()),
+        skipped=int((~verified & mask).sum()),
+        layers_run=int(ex[verified & mask].sum()),
+        layers_full=int((verified & mask).sum()) * num_layers,
+        call_errors=call_errors,
+        steps=len(ds.steps),
+        step_errors=step_errors,
+    )
 
 
 def fit(ds: Dataset, target_error: float = TARGET_ERROR) -> tuple[Thresholds, Outcome]:
@@ -191,13 +220,17 @@ def fit(ds: Dataset, target_error: float = TARGET_ERROR) -> tuple[Thresholds, Ou
                 if out.errors == 0:
                     best, best_out = t, out
                     break  # a higher min_layer only runs more layers
-    if best_out.layers_run > (1 - MIN_SAVING) * best_out.layers_full:  # exits on a few flukes: not worth the risk
+    if (
+        best_out.layers_run > (1 - MIN_SAVING) * best_out.layers_full
+    ):  # exits on a few flukes: not worth the risk
         best = never(ds)
         best_out = replay(ds, best, h)
     if ds.steps:
         for tau in TAUS:
             for margin in MARGINS:
-                t = Thresholds(theta=best.theta, eps=best.eps, min_layer=best.min_layer, tau_conf=tau, margin=margin)
+                t = Thresholds(
+                    theta=best.theta, eps=best.eps, min_layer=best.min_layer, tau_conf=tau, margin=margin
+                )
                 out = replay(ds, t, h)
                 if out.errors == 0 and _cost(out) < _cost(best_out):
                     best, best_out = t, out
@@ -221,22 +254,51 @@ DEFAULT_RANGES = {"game24": (800, 810), "arc": (1000, 1172), "mmlu": (2800, 3018
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="treesearch calibrate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--task", default="game24", choices=sorted(DEFAULT_RANGES), help="workload (default game24)")
-    p.add_argument("--range", type=_range, default=None, metavar="A:B",
-                   help="calibration rows (default: game24 800:810, arc 1000:1172; never the benchmark slice)")
-    p.add_argument("--eval-range", type=_range, default=None, metavar="A:B", help="held-out rows to measure on")
-    p.add_argument("--model", default=None, help="model folder or id (default: embedded SmolLM2-135M-Instruct; 'tiny')")
-    p.add_argument("--proposer", default="model", choices=["model", "legal"],
-                   help="game24: 'model' runs real ToT searches (slow on CPU); 'legal' proposes every legal move "
-                        "and verifies with the model (many real verification calls, no Level 1 data)")
-    p.add_argument("--breadth", type=int, default=5, help="BFS breadth of the calibration searches (default 5)")
-    p.add_argument("--out", default=None, metavar="PATH",
-                   help="calibration file (default: the shipped one for the model)")
-    p.add_argument("--save-calls", default=None, metavar="PATH", help="also write the collected calls as JSON")
-    p.add_argument("--calls", default=None, metavar="PATH", help="fit on calls saved earlier instead of collecting")
+    p.add_argument(
+        "--task", default="game24", choices=sorted(DEFAULT_RANGES), help="workload (default game24)"
+    )
+    p.add_argument(
+        "--range",
+        type=_range,
+        default=None,
+        metavar="A:B",
+        help="calibration rows (default: game24 800:810, arc 1000:1172; never the benchmark slice)",
+    )
+    p.add_argument(
+        "--eval-range", type=_range, default=None, metavar="A:B", help="held-out rows to measure on"
+    )
+    p.add_argument(
+        "--model", default=None, help="model folder or id (default: embedded SmolLM2-135M-Instruct; 'tiny')"
+    )
+    p.add_argument(
+        "--proposer",
+        default="model",
+        choices=["model", "legal"],
+        help="game24: 'model' runs real ToT searches (slow on CPU); 'legal' proposes every legal move "
+        "and verifies with the model (many real verification calls, no Level 1 data)",
+    )
+    p.add_argument(
+        "--breadth", type=int, default=5, help="BFS breadth of the calibration searches (default 5)"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="PATH",
+        help="calibration file (default: the shipped one for the model)",
+    )
+    p.add_argument(
+        "--save-calls", default=None, metavar="PATH", help="also write the collected calls as JSON"
+    )
+    p.add_argument(
+        "--calls", default=None, metavar="PATH", help="fit on calls saved earlier instead of collecting"
+    )
     p.add_argument("--eval-calls", default=None, metavar="PATH", help="held-out calls saved earlier")
-    p.add_argument("--target-error", type=float, default=TARGET_ERROR,
-                   help="decision error the calibration set must certify at 95%% (default 0.0037, i.e. >= 996 calls)")
+    p.add_argument(
+        "--target-error",
+        type=float,
+        default=TARGET_ERROR,
+        help="decision error the calibration set must certify at 95%% (default 0.0037, i.e. >= 996 calls)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--dry-run", action="store_true", help="print the result, write no calibration file")
     return p
@@ -244,8 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _collect(args, lm, rng: tuple[int, int], skip_prompts=(), checkpoint=None) -> Dataset:
     if args.task == "game24" and args.proposer == "legal":
-        return collect_game24_oracle(lm, *rng, breadth=args.breadth, log=_log, skip_prompts=skip_prompts,
-                                     checkpoint=checkpoint)
+        return collect_game24_oracle(
+            lm, *rng, breadth=args.breadth, log=_log, skip_prompts=skip_prompts, checkpoint=checkpoint
+        )
     if args.task == "game24":
         return collect_game24(lm, *rng, breadth=args.breadth, log=_log, checkpoint=checkpoint)
     return collect_choice(lm, args.task, *rng, log=_log)
@@ -279,8 +342,15 @@ def unseen_calls(ds: Dataset, hds: Dataset) -> np.ndarray | None:
     return np.asarray([q not in seen for q in held], dtype=bool)
 
 
-def save(ds: Dataset, t: Thresholds, out: Outcome, held: Outcome | None, path: Path, hds: Dataset | None,
-         extra: dict | None = None) -> None:
+def save(
+    ds: Dataset,
+    t: Thresholds,
+    out: Outcome,
+    held: Outcome | None,
+    path: Path,
+    hds: Dataset | None,
+    extra: dict | None = None,
+) -> None:
     """Merge one task's fitted thresholds into a model's calibration file (`extra`: the held-out
     report as printed, and a rejected fit with its held-out figures, if any)."""
     data = json.loads(path.read_text()) if path.exists() else {"model": ds.model, "tasks": {}}
@@ -301,31 +371,49 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rng = args.range or DEFAULT_RANGES[args.task]
     if args.task == "game24" and rng[0] < 1000 and rng[1] > 900:
-        raise SystemExit(f"--range {rng[0]}:{rng[1]} overlaps the Game of 24 benchmark rows 900:1000; pick others")
+        raise SystemExit(
+            f"--range {rng[0]}:{rng[1]} overlaps the Game of 24 benchmark rows 900:1000; pick others"
+        )
     if args.eval_range and args.task == "game24" and args.eval_range[0] < 1000 and args.eval_range[1] > 900:
-        raise SystemExit(f"--eval-range overlaps the Game of 24 benchmark rows 900:1000; pick others")
+        raise SystemExit("--eval-range overlaps the Game of 24 benchmark rows 900:1000; pick others")
     if args.eval_range and not args.calls and args.eval_range[0] < rng[1] and rng[0] < args.eval_range[1]:
-        raise SystemExit(f"--eval-range {args.eval_range[0]}:{args.eval_range[1]} overlaps --range {rng[0]}:{rng[1]}; "
-                         "held-out rows must be other rows")
+        raise SystemExit(
+            f"--eval-range {args.eval_range[0]}:{args.eval_range[1]} overlaps --range {rng[0]}:{rng[1]}; "
+            "held-out rows must be other rows"
+        )
     state: dict = {}
     keep = None
     if args.save_calls and not args.calls:
+
         def keep(d):
             Path(args.save_calls).write_text(json.dumps(d.to_json()))
+
     ds = _load_or_collect(args, args.calls, rng, state, checkpoint=keep)
     if args.save_calls:
         Path(args.save_calls).write_text(json.dumps(ds.to_json()))
     t, out = fit(ds, args.target_error)
-    result = {"task": ds.task, "model": ds.model, "thresholds": t.to_dict(),
-              "calibration": dict(out.report(), **_meta(ds))}
+    result = {
+        "task": ds.task,
+        "model": ds.model,
+        "thresholds": t.to_dict(),
+        "calibration": dict(out.report(), **_meta(ds)),
+    }
     held = hds = None
     if args.eval_range or args.eval_calls:
         dump = None
         if args.save_calls and not args.eval_calls:
+
             def dump(d):
                 Path(args.save_calls + ".heldout.json").write_text(json.dumps(d.to_json()))
-        hds = _load_or_collect(args, args.eval_calls, args.eval_range, state,
-                               skip_prompts=ds.meta.get("prompts", ()), checkpoint=dump)
+
+        hds = _load_or_collect(
+            args,
+            args.eval_calls,
+            args.eval_range,
+            state,
+            skip_prompts=ds.meta.get("prompts", ()),
+            checkpoint=dump,
+        )
         if dump is not None:
             dump(hds)
         held = replay(hds, t)
@@ -361,8 +449,10 @@ def uncertified(held: Outcome, target_error: float) -> str | None:
         return f"{held.step_errors} of {held.steps} held-out steps selected other branches"
     upper = clopper_pearson_upper(held.call_errors, held.calls)
     if upper > target_error:
-        return (f"{held.call_errors} errors in {held.calls} held-out calls: 95% upper bound {upper:.4%} "
-                f"> target {target_error:.4%}")
+        return (
+            f"{held.call_errors} errors in {held.calls} held-out calls: 95% upper bound {upper:.4%} "
+            f"> target {target_error:.4%}"
+        )
     return None
 
 

@@ -38,18 +38,34 @@ class Dataset:
     meta: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"task": self.task, "model": self.model, "labels": self.labels, "weights": self.weights,
-                "traj": self.traj.round(6).tolist(), "steps": self.steps, "breadth": self.breadth, "meta": self.meta}
+        return {
+            "task": self.task,
+            "model": self.model,
+            "labels": self.labels,
+            "weights": self.weights,
+            "traj": self.traj.round(6).tolist(),
+            "steps": self.steps,
+            "breadth": self.breadth,
+            "meta": self.meta,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> Dataset:
-        return cls(task=d["task"], model=d["model"], labels=d["labels"], weights=d["weights"],
-                   traj=np.asarray(d["traj"], dtype=np.float64), steps=d["steps"], breadth=d["breadth"],
-                   meta=d.get("meta", {}))
+        return cls(
+            task=d["task"],
+            model=d["model"],
+            labels=d["labels"],
+            weights=d["weights"],
+            traj=np.asarray(d["traj"], dtype=np.float64),
+            steps=d["steps"],
+            breadth=d["breadth"],
+            meta=d.get("meta", {}),
+        )
 
 
-def collect_game24(lm, start: int, end: int, *, breadth: int = 5, seed: int = 0, log=print, checkpoint=None,
-                   problem=None) -> Dataset:
+def collect_game24(
+    lm, start: int, end: int, *, breadth: int = 5, seed: int = 0, log=print, checkpoint=None, problem=None
+) -> Dataset:
     """ToT BFS (`Searcher` + `strategies.BFS`, greedy) on 24.csv rows [start, end) with full
     verification passes (`Searcher.verify_trace`), recording every call and, per depth, each
     candidate's own generation confidence (its move line's tokens: real model proposals, so
@@ -58,7 +74,6 @@ def collect_game24(lm, start: int, end: int, *, breadth: int = 5, seed: int = 0,
     and no decision CGEE could change. One Searcher serves all rows (each search starts with the
     last one's prompt K/V). `checkpoint(ds)` after each puzzle."""
     from strategies import BFS
-
     from treesearch.common.config import RKSCConfig
     from treesearch.search.searcher import Searcher
     from treesearch.tasks.game24 import Game24, load_puzzles
@@ -82,9 +97,16 @@ def collect_game24(lm, start: int, end: int, *, breadth: int = 5, seed: int = 0,
             prompts.append(q)
         steps += _steps(result.tree, problem, index)
         log(f"  [{i + 1}/{end - start}] {puzzle}: {len(trace)} calls ({time.perf_counter() - t0:.0f}s)")
-        ds = Dataset(task="game24", model=lm.name, labels=labels, weights=[problem.labels[k] for k in labels],
-                     traj=np.asarray(trajs, dtype=np.float64), steps=steps, breadth=breadth,
-                     meta={"range": f"{start}:{start + i + 1}", "proposer": "model", "prompts": list(prompts)})
+        ds = Dataset(
+            task="game24",
+            model=lm.name,
+            labels=labels,
+            weights=[problem.labels[k] for k in labels],
+            traj=np.asarray(trajs, dtype=np.float64),
+            steps=steps,
+            breadth=breadth,
+            meta={"range": f"{start}:{start + i + 1}", "proposer": "model", "prompts": list(prompts)},
+        )
         if checkpoint is not None:
             checkpoint(ds)
     return ds
@@ -100,8 +122,15 @@ def _steps(tree, problem, index: dict[str, int]) -> list[list[dict]]:
             d = tree.node(n)
             value = problem.value(d["state"])
             call = None if value is not None else index[problem.value_prompt(d["state"])]
-            step.append({"node": n, "parent": tree.parent(n), "conf": float(d.get("confidence", 0.0)),
-                         "call": call, "value": value})
+            step.append(
+                {
+                    "node": n,
+                    "parent": tree.parent(n),
+                    "conf": float(d.get("confidence", 0.0)),
+                    "call": call,
+                    "value": value,
+                }
+            )
         if not step:
             break
         steps.append(step)
@@ -129,15 +158,16 @@ def legal_moves(numbers) -> list[tuple]:
     return out
 
 
-def collect_game24_oracle(lm, start: int, end: int, *, breadth: int = 5, log=print, skip_prompts=(),
-                          checkpoint=None) -> Dataset:
+def collect_game24_oracle(
+    lm, start: int, end: int, *, breadth: int = 5, log=print, skip_prompts=(), checkpoint=None
+) -> Dataset:
     """BFS on 24.csv rows [start, end) whose proposer is every legal move (no generation) and whose
     verifier is the model's real value prompt, scored with full passes: many real verification
     calls for little CPU. No generation means no confidences, so Level 1 never fires here."""
     from treesearch.common.config import RKSCConfig
     from treesearch.engine.local import Engine
-    from treesearch.tasks.game24 import Game24, load_puzzles
     from treesearch.search.verifier import LayerRecorder
+    from treesearch.tasks.game24 import Game24, load_puzzles
 
     problem = Game24()
     labels = list(problem.labels)
@@ -166,22 +196,36 @@ def collect_game24_oracle(lm, start: int, end: int, *, breadth: int = 5, log=pri
                 for q, traj, s in zip(new, rec.rows(), scores):
                     index[q] = len(trajs)
                     trajs.append(traj + [[s.probs[x] for x in labels]])
-            step = [{"node": n, "parent": par, "conf": 0.0, "call": index[q], "value": None}
-                    for n, par, _, q in cands if q in index]
+            step = [
+                {"node": n, "parent": par, "conf": 0.0, "call": index[q], "value": None}
+                for n, par, _, q in cands
+                if q in index
+            ]
             steps.append(step)
             full = {c["node"]: float(np.asarray(trajs[c["call"]][-1]) @ w) for c in step}
             keep = set(top_b(full, breadth))
             frontier = [(n, st) for n, _, st, _ in cands if n in keep]
-        log(f"  [{k + 1}/{end - start}] {puzzle}: {len(trajs)} calls so far ({time.perf_counter() - t0:.0f}s)")
-        ds = Dataset(task="game24", model=lm.name, labels=labels, weights=w.tolist(),
-                     traj=np.asarray(trajs, dtype=np.float64), steps=steps, breadth=breadth,
-                     meta={"range": f"{start}:{start + k + 1}", "proposer": "legal", "prompts": list(index)})
+        log(
+            f"  [{k + 1}/{end - start}] {puzzle}: {len(trajs)} calls so far ({time.perf_counter() - t0:.0f}s)"
+        )
+        ds = Dataset(
+            task="game24",
+            model=lm.name,
+            labels=labels,
+            weights=w.tolist(),
+            traj=np.asarray(trajs, dtype=np.float64),
+            steps=steps,
+            breadth=breadth,
+            meta={"range": f"{start}:{start + k + 1}", "proposer": "legal", "prompts": list(index)},
+        )
         if checkpoint is not None:
             checkpoint(ds)
     return ds
 
 
-CHOICE_PROMPT = "Answer the question with the letter of the correct choice.\nQuestion: {question}\n{choices}\nAnswer:"
+CHOICE_PROMPT = (
+    "Answer the question with the letter of the correct choice.\nQuestion: {question}\n{choices}\nAnswer:"
+)
 
 
 def choice_prompt(question: str, choices: tuple[str, ...]) -> str:
@@ -198,8 +242,8 @@ def collect_choice(lm, task: str, start: int, end: int, *, log=print, batch: int
     an entropy nor an argmax, so every row counts (ARC has rows with 3 and 5 choices)."""
     from treesearch.common.config import RKSCConfig
     from treesearch.engine.local import Engine
-    from treesearch.tasks import datasets
     from treesearch.search.verifier import LayerRecorder
+    from treesearch.tasks import datasets
 
     loader = {"arc": datasets.load_arc, "mmlu": datasets.load_mmlu_stem}[task]
     items = loader(start, end)
@@ -214,7 +258,7 @@ def collect_choice(lm, task: str, start: int, end: int, *, log=print, batch: int
         rows = [i for i, it in enumerate(items) if len(it.choices) == k]
         mine = labels[:k]
         for lo in range(0, len(rows), batch):
-            chunk = rows[lo:lo + batch]
+            chunk = rows[lo : lo + batch]
             rec = LayerRecorder()
             prompts = [choice_prompt(items[i].question, items[i].choices) for i in chunk]
             scores = engine.score(prompts, mine, exit_rule=rec)
@@ -225,10 +269,21 @@ def collect_choice(lm, task: str, start: int, end: int, *, log=print, batch: int
             done += len(chunk)
             if (lo // batch) % 10 == 0:
                 log(f"  [{done}/{len(items)}] ({time.perf_counter() - t0:.0f}s)")
-    return Dataset(task=task, model=lm.name, labels=labels, weights=None, traj=np.asarray(trajs, dtype=np.float64),
-                   meta={"range": f"{start}:{end}", "accuracy": correct / max(1, len(items)),
-                         "choices": {str(k): sum(len(it.choices) == k for it in items)
-                                     for k in sorted({len(it.choices) for it in items})}})
+    return Dataset(
+        task=task,
+        model=lm.name,
+        labels=labels,
+        weights=None,
+        traj=np.asarray(trajs, dtype=np.float64),
+        meta={
+            "range": f"{start}:{end}",
+            "accuracy": correct / max(1, len(items)),
+            "choices": {
+                str(k): sum(len(it.choices) == k for it in items)
+                for k in sorted({len(it.choices) for it in items})
+            },
+        },
+    )
 
 
 def top_b(values: dict, b: int) -> set:

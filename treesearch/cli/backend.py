@@ -21,31 +21,72 @@ API_KEY_VARS = ("TREESEARCH_API_KEY", "OPENAI_API_KEY")
 
 def add_server_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """--base-url, --server-model and the server's connection settings."""
-    g = parser.add_argument_group("server", "an OpenAI-compatible server (vLLM, SGLang, llama.cpp); the API key "
-                                  "is read from " + " or ".join(API_KEY_VARS))
-    g.add_argument("--base-url", default=None, metavar="URL", help="the server's URL, e.g. http://127.0.0.1:8000/v1")
-    g.add_argument("--server-model", default=None, metavar="NAME",
-                   help="the served model's name (default: the first model the server lists)")
-    g.add_argument("--server-timeout", type=float, default=300.0, metavar="S",
-                   help="seconds to wait for a connection or an answer (default 300)")
-    g.add_argument("--server-retries", type=int, default=3, metavar="N",
-                   help="retries on connection errors, HTTP 429 and 5xx, with exponential backoff (default 3)")
-    g.add_argument("--server-concurrency", type=int, default=8, metavar="N",
-                   help="requests in flight at once (default 8)")
-    g.add_argument("--server-max-context", type=int, default=None, metavar="TOKENS",
-                   help="the model's context window: branches that do not fit are pruned (default: the server checks)")
-    g.add_argument("--server-logprobs", default="on", choices=["on", "off"],
-                   help="ask for generated tokens' log-probabilities (confidences, CGEE Level 1; default on; off is "
-                        "faster on llama-cpp-python)")
-    g.add_argument("--server-extra", default=None, metavar="JSON",
-                   help='fields added to every completion request, e.g. \'{"top_k": 0}\'')
+    g = parser.add_argument_group(
+        "server",
+        "an OpenAI-compatible server (vLLM, SGLang, llama.cpp); the API key "
+        "is read from " + " or ".join(API_KEY_VARS),
+    )
+    g.add_argument(
+        "--base-url", default=None, metavar="URL", help="the server's URL, e.g. http://127.0.0.1:8000/v1"
+    )
+    g.add_argument(
+        "--server-model",
+        default=None,
+        metavar="NAME",
+        help="the served model's name (default: the first model the server lists)",
+    )
+    g.add_argument(
+        "--server-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds to wait for a connection or an answer (default 300)",
+    )
+    g.add_argument(
+        "--server-retries",
+        type=int,
+        default=3,
+        metavar="N",
+        help="retries on connection errors, HTTP 429 and 5xx, with exponential backoff (default 3)",
+    )
+    g.add_argument(
+        "--server-concurrency",
+        type=int,
+        default=8,
+        metavar="N",
+        help="requests in flight at once (default 8)",
+    )
+    g.add_argument(
+        "--server-max-context",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="the model's context window: branches that do not fit are pruned (default: the server checks)",
+    )
+    g.add_argument(
+        "--server-logprobs",
+        default="on",
+        choices=["on", "off"],
+        help="ask for generated tokens' log-probabilities (confidences, CGEE Level 1; default on; off is "
+        "faster on llama-cpp-python)",
+    )
+    g.add_argument(
+        "--server-extra",
+        default=None,
+        metavar="JSON",
+        help="fields added to every completion request, e.g. '{\"top_k\": 0}'",
+    )
     return g
 
 
 def add_backend_args(parser: argparse.ArgumentParser) -> None:
     """--backend local|server plus the server options."""
-    parser.add_argument("--backend", default="local", choices=["local", "server"],
-                        help="local: our engine (default); server: an OpenAI-compatible server (needs --base-url)")
+    parser.add_argument(
+        "--backend",
+        default="local",
+        choices=["local", "server"],
+        help="local: our engine (default); server: an OpenAI-compatible server (needs --base-url)",
+    )
     add_server_args(parser)
 
 
@@ -57,22 +98,33 @@ def api_key_from_env() -> str | None:
 def server_from_args(args: argparse.Namespace) -> Any:
     """The ServerEngine the server options describe (SystemExit with the fix when one is missing)."""
     if not args.base_url:
-        raise SystemExit("treesearch: the server backend needs --base-url, e.g. --base-url http://127.0.0.1:8000/v1")
+        raise SystemExit(
+            "treesearch: the server backend needs --base-url, e.g. --base-url http://127.0.0.1:8000/v1"
+        )
     extra = None
     if args.server_extra:
         try:
             extra = json.loads(args.server_extra)
         except ValueError as err:
-            raise SystemExit(f"treesearch: --server-extra is not JSON ({err}); write e.g. '{{\"top_k\": 0}}'") from None
+            raise SystemExit(
+                f"treesearch: --server-extra is not JSON ({err}); write e.g. '{{\"top_k\": 0}}'"
+            ) from None
         if not isinstance(extra, dict):
             raise SystemExit("treesearch: --server-extra must be a JSON object, e.g. '{\"top_k\": 0}'")
     from treesearch.backends.server import ServerEngine
 
     try:
-        return ServerEngine(args.base_url, args.server_model, api_key_from_env(), timeout=args.server_timeout,
-                            retries=args.server_retries, max_concurrency=args.server_concurrency,
-                            max_context=args.server_max_context, extra_body=extra,
-                            logprobs=args.server_logprobs == "on")
+        return ServerEngine(
+            args.base_url,
+            args.server_model,
+            api_key_from_env(),
+            timeout=args.server_timeout,
+            retries=args.server_retries,
+            max_concurrency=args.server_concurrency,
+            max_context=args.server_max_context,
+            extra_body=extra,
+            logprobs=args.server_logprobs == "on",
+        )
     except ImportError as err:
         raise SystemExit(f"treesearch: {err}") from None
 

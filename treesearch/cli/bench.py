@@ -31,43 +31,98 @@ SUBCOMMANDS = ("calibrate-asks", "claims")  # bench commands with their own pars
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="treesearch bench", description="Benchmark nokv, exact, cgee, rksc and hf-cb side by side.")
-    p.add_argument("workload", choices=["game24", "branch", "tree", "paraphrase"],
-                   help="also: 'treesearch bench calibrate-asks --help', 'treesearch bench claims --help'")
-    p.add_argument("--task", default=None, choices=["gsm8k", "arc_challenge", "mmlu_stem"],
-                   help="branch: dataset (default gsm8k); tree: gsm8k only")
-    p.add_argument("--range", dest="rows", default=None, metavar="START:END",
-                   help="input rows [START, END) (default: game24 900:903, branch 0:5, tree 0:2)")
-    p.add_argument("--modes", default=None, help="comma-separated subset of nokv,exact,asks,asks-open,cgee,rksc,hf-cb "
-                   "(default nokv,exact,rksc,hf-cb; paraphrase: nokv,exact,asks,asks-open) (cgee = exact + CGEE "
-                   "only, for the verification time with CGEE off vs on; asks = the shipped ASKS calibration, "
-                   "asks-open = the gate open)")
-    p.add_argument("--wordings", type=int, default=4, metavar="K",
-                   help="paraphrase: wordings per question (2-4 fact orders; default 4)")
+    p = argparse.ArgumentParser(
+        prog="treesearch bench", description="Benchmark nokv, exact, cgee, rksc and hf-cb side by side."
+    )
+    p.add_argument(
+        "workload",
+        choices=["game24", "branch", "tree", "paraphrase"],
+        help="also: 'treesearch bench calibrate-asks --help', 'treesearch bench claims --help'",
+    )
+    p.add_argument(
+        "--task",
+        default=None,
+        choices=["gsm8k", "arc_challenge", "mmlu_stem"],
+        help="branch: dataset (default gsm8k); tree: gsm8k only",
+    )
+    p.add_argument(
+        "--range",
+        dest="rows",
+        default=None,
+        metavar="START:END",
+        help="input rows [START, END) (default: game24 900:903, branch 0:5, tree 0:2)",
+    )
+    p.add_argument(
+        "--modes",
+        default=None,
+        help="comma-separated subset of nokv,exact,asks,asks-open,cgee,rksc,hf-cb "
+        "(default nokv,exact,rksc,hf-cb; paraphrase: nokv,exact,asks,asks-open) (cgee = exact + CGEE "
+        "only, for the verification time with CGEE off vs on; asks = the shipped ASKS calibration, "
+        "asks-open = the gate open)",
+    )
+    p.add_argument(
+        "--wordings",
+        type=int,
+        default=4,
+        metavar="K",
+        help="paraphrase: wordings per question (2-4 fact orders; default 4)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="timed rounds after the warm-up (median and spread)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write everything as JSON")
     p.add_argument("--plot", default=None, metavar="PATH", help="write a PNG (speedup and tokens per mode)")
-    p.add_argument("--model", default=None, help="model folder or id (default: embedded SmolLM2-135M-Instruct; "
-                   "'tiny' = random test model; 'dummy:NAME' = random weights of a real shape, fixed lengths, "
-                   "e.g. dummy:llama-3.1-8b)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model folder or id (default: embedded SmolLM2-135M-Instruct; "
+        "'tiny' = random test model; 'dummy:NAME' = random weights of a real shape, fixed lengths, "
+        "e.g. dummy:llama-3.1-8b)",
+    )
     p.add_argument("--device", default=None, help="torch device (default cpu), e.g. cuda")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
     p.add_argument("--branches", type=int, default=8, help="branch: branches per question (default 8)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fixed-length", action="store_true",
-                   help="branch, tree: every generation runs its full length (EOS and stop strings ignored), so "
-                        "models do the same work (dummy models always do)")
-    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
-                   help="override the workload's generation length per call (default: the workload's)")
-    p.add_argument("--rksc-budget", type=float, default=0.25, metavar="FRACTION",
-                   help="rksc cache budget as a fraction of exact's peak KV bytes (0 = unbounded; default 0.25)")
-    p.add_argument("--replay-tokens", type=int, default=None, metavar="N",
-                   help="hf-cb replay: max new tokens per request (default: the workload's)")
-    p.add_argument("--concurrency", type=int, default=1, metavar="N",
-                   help="game24: also run each engine mode with N searches in flight (solve_many), beside the "
-                        "sequential run (default 1: sequential only)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch CPU threads for the run (default: torch's own; 1 is faster on a busy machine)")
+    p.add_argument(
+        "--fixed-length",
+        action="store_true",
+        help="branch, tree: every generation runs its full length (EOS and stop strings ignored), so "
+        "models do the same work (dummy models always do)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="override the workload's generation length per call (default: the workload's)",
+    )
+    p.add_argument(
+        "--rksc-budget",
+        type=float,
+        default=0.25,
+        metavar="FRACTION",
+        help="rksc cache budget as a fraction of exact's peak KV bytes (0 = unbounded; default 0.25)",
+    )
+    p.add_argument(
+        "--replay-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="hf-cb replay: max new tokens per request (default: the workload's)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        metavar="N",
+        help="game24: also run each engine mode with N searches in flight (solve_many), beside the "
+        "sequential run (default 1: sequential only)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch CPU threads for the run (default: torch's own; 1 is faster on a busy machine)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     from treesearch.cli.backend import add_server_args
 
@@ -107,9 +162,15 @@ def machine() -> dict:
         pass
     import os
 
-    out = {"cpu": cpu, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-           "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-           "transformers": transformers.__version__}
+    out = {
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
     if torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name()
         out["cuda"] = torch.version.cuda
@@ -125,20 +186,30 @@ def main(argv: list[str] | None = None) -> int:
     args.modes = modes_for(args)
     names = concurrent_names(parse_modes(args.modes), args.concurrency)
     if args.concurrency > 1 and args.workload != "game24":
-        raise SystemExit(f"--concurrency runs searches at once: the game24 workload has them, {args.workload} does not")
+        raise SystemExit(
+            f"--concurrency runs searches at once: the game24 workload has them, {args.workload} does not"
+        )
     if args.repeat < 1:
         raise SystemExit("--repeat must be at least 1")
     start, end = parse_range(args.rows, args.workload)
 
-    from treesearch.models.dummy import is_dummy
     from treesearch.bench.results import FIXED_LENGTH_NOTE
     from treesearch.bench.workloads import make_workload
+    from treesearch.models.dummy import is_dummy
 
     dummy = is_dummy(args.model)
     args.fixed_length = dummy or args.fixed_length
-    workload = make_workload(args.workload, args.task, start, end, branches=args.branches, seed=args.seed,
-                             max_new_tokens=args.max_new_tokens, ignore_eos=args.fixed_length,
-                             wordings=args.wordings)
+    workload = make_workload(
+        args.workload,
+        args.task,
+        start,
+        end,
+        branches=args.branches,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        ignore_eos=args.fixed_length,
+        wordings=args.wordings,
+    )
     if dummy:
         print(f"note: {args.model} has random weights: {FIXED_LENGTH_NOTE}")
     elif args.fixed_length:
@@ -157,9 +228,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: int) -> int:
-    from treesearch.models.load import load_model
     from treesearch.bench import report
     from treesearch.bench.runner import run_all, total_ticks
+    from treesearch.models.load import load_model
 
     server = None
     if "server" in names:  # before the model loads: a missing URL or a dead server fails at once
@@ -175,18 +246,38 @@ def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: 
     if not args.no_progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total_ticks(workload, names, args.repeat), desc=f"bench {args.workload}", unit="item")
+        bar = tqdm(
+            total=total_ticks(workload, names, args.repeat), desc=f"bench {args.workload}", unit="item"
+        )
     try:
-        runs = run_all(lm, workload, names, repeat=args.repeat, tick=bar.update if bar else None,
-                       budget_fraction=args.rksc_budget, replay_tokens=args.replay_tokens, server=server)
+        runs = run_all(
+            lm,
+            workload,
+            names,
+            repeat=args.repeat,
+            tick=bar.update if bar else None,
+            budget_fraction=args.rksc_budget,
+            replay_tokens=args.replay_tokens,
+            server=server,
+        )
     finally:
         if bar is not None:
             bar.close()
-    meta = {"workload": workload.name, "task": workload.task, "range": [start, end], "items": len(workload.items),
-            "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
-            "repeat": args.repeat, "seed": args.seed, "command": "treesearch bench " + shlex.join(args.argv),
-            "fixed_length": args.fixed_length,
-            "machine": machine(), "server": {"base_url": server.base_url, "model": server.model} if server else None}
+    meta = {
+        "workload": workload.name,
+        "task": workload.task,
+        "range": [start, end],
+        "items": len(workload.items),
+        "model": lm.name,
+        "device": str(lm.device),
+        "dtype": str(lm.dtype).replace("torch.", ""),
+        "repeat": args.repeat,
+        "seed": args.seed,
+        "command": "treesearch bench " + shlex.join(args.argv),
+        "fixed_length": args.fixed_length,
+        "machine": machine(),
+        "server": {"base_url": server.base_url, "model": server.model} if server else None,
+    }
     doc = report.build(runs, meta)
     print(report.markdown(doc))
     if args.json_path:

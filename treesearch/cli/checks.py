@@ -26,8 +26,14 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.common.errors import (ConfigError, ModelNotFoundError, ModelNotInstalledError, ParseError, SaveFileError,
-                     UsageError)
+from treesearch.common.errors import (
+    ConfigError,
+    ModelNotFoundError,
+    ModelNotInstalledError,
+    ParseError,
+    SaveFileError,
+    UsageError,
+)
 from treesearch.core.problem import Problem
 
 
@@ -85,7 +91,9 @@ RULES: dict[str, Rule] = {
     "branches": Rule(_at_least(1), "use at least 1 branch per question"),
     "max_new_tokens": Rule(_at_least(1), "use at least 1 token"),
     "replay_tokens": Rule(_at_least(1), "use at least 1 token"),
-    "rksc_budget": Rule(_finite_at_least(0.0), "use a fraction >= 0 of exact's peak KV bytes (0 = unbounded)"),
+    "rksc_budget": Rule(
+        _finite_at_least(0.0), "use a fraction >= 0 of exact's peak KV bytes (0 = unbounded)"
+    ),
 }
 
 
@@ -156,8 +164,13 @@ def search_sampling(args: argparse.Namespace, problem: Problem) -> Sampling:
     temperature = base.temperature if args.temperature is None else args.temperature
     top_p = base.top_p if args.top_p is None else args.top_p
     try:
-        return Sampling(max_new_tokens=base.max_new_tokens, temperature=temperature, top_p=top_p, stop=base.stop,
-                        seed=args.seed)
+        return Sampling(
+            max_new_tokens=base.max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop=base.stop,
+            seed=args.seed,
+        )
     except ConfigError as exc:
         raise UsageError(one_line(exc)) from None
 
@@ -165,8 +178,12 @@ def search_sampling(args: argparse.Namespace, problem: Problem) -> Sampling:
 def search_config(args: argparse.Namespace) -> RKSCConfig:
     """The RKSC switches of --kv, --cache-budget, --cgee and --cgee-measure."""
     try:
-        return RKSCConfig(kv_sharing=args.kv, cache_budget=args.cache_budget, cgee=args.cgee == "on",
-                          cgee_measure=args.cgee_measure)
+        return RKSCConfig(
+            kv_sharing=args.kv,
+            cache_budget=args.cache_budget,
+            cgee=args.cgee == "on",
+            cgee_measure=args.cgee_measure,
+        )
     except ConfigError as exc:
         raise UsageError(one_line(exc)) from None
 
@@ -222,8 +239,8 @@ def check_solve(args: argparse.Namespace) -> SolvePlan:
 
 def check_bench(argv: list[str]) -> argparse.Namespace:
     """`treesearch bench`'s arguments parsed and checked as `treesearch.cli.bench.main` reads them."""
-    from treesearch.cli.bench import SUBCOMMANDS, build_parser, modes_for, parse_range
     from treesearch.bench.modes import parse_modes
+    from treesearch.cli.bench import SUBCOMMANDS, build_parser, modes_for, parse_range
 
     if argv and argv[0] in SUBCOMMANDS:
         from treesearch.cli.bench_commands import build_subparser
@@ -242,7 +259,9 @@ def check_bench(argv: list[str]) -> argparse.Namespace:
         except SystemExit as exc:
             raise UsageError(one_line(Exception(exc.code))) from None
     if getattr(args, "workload", None) in ("tree", "paraphrase") and args.task not in (None, "gsm8k"):
-        raise UsageError(f"--task {args.task}: the {args.workload} workload runs on gsm8k only; leave --task out")
+        raise UsageError(
+            f"--task {args.task}: the {args.workload} workload runs on gsm8k only; leave --task out"
+        )
     check_model_flags(args)
     return args
 

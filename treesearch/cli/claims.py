@@ -21,30 +21,53 @@ from pathlib import Path
 # name -> (bench arguments, small slice, full slice)
 RUNS: dict[str, tuple[list[str], str, str]] = {
     "game24": (["game24", "--modes", "nokv,exact,cgee,rksc"], "900:901", "900:905"),
-    "branch-gsm8k": (["branch", "--task", "gsm8k", "--modes", "nokv,exact,cgee,rksc", "--max-new-tokens", "96"],
-                     "0:1", "0:5"),
+    "branch-gsm8k": (
+        ["branch", "--task", "gsm8k", "--modes", "nokv,exact,cgee,rksc", "--max-new-tokens", "96"],
+        "0:1",
+        "0:5",
+    ),
     "branch-arc": (["branch", "--task", "arc_challenge", "--modes", "nokv,exact,cgee,rksc"], "0:1", "0:5"),
     "tree": (["tree", "--modes", "nokv,exact,rksc", "--max-new-tokens", "32"], "0:1", "0:2"),
     "paraphrase": (["paraphrase", "--modes", "nokv,exact,asks,asks-open,rksc"], "0:8", "0:40"),
 }
-MODELS_RUN = (["branch", "--task", "gsm8k", "--modes", "nokv,exact", "--max-new-tokens", "32", "--fixed-length"],
-              "0:1", "0:3")
+MODELS_RUN = (
+    ["branch", "--task", "gsm8k", "--modes", "nokv,exact", "--max-new-tokens", "32", "--fixed-length"],
+    "0:1",
+    "0:3",
+)
 KEEP_OUT = ("decisions", "machine")  # left out of the saved documents (long, or kept once at the top)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The arguments of `treesearch bench claims`."""
     p = argparse.ArgumentParser(prog="treesearch bench claims", description=__doc__.split("\n\n")[0])
-    p.add_argument("--full", action="store_true", help="larger slices (much slower: an hour or more on a CPU)")
-    p.add_argument("--model", default=None, help="one more model for the across-models row (folder or id); the "
-                   "other rows always use the default model")
-    p.add_argument("--only", default=None, metavar="NAMES",
-                   help=f"comma-separated subset of {','.join([*RUNS, 'models'])} (default: all)")
+    p.add_argument(
+        "--full", action="store_true", help="larger slices (much slower: an hour or more on a CPU)"
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="one more model for the across-models row (folder or id); the "
+        "other rows always use the default model",
+    )
+    p.add_argument(
+        "--only",
+        default=None,
+        metavar="NAMES",
+        help=f"comma-separated subset of {','.join([*RUNS, 'models'])} (default: all)",
+    )
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads for every run")
-    p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the table and the runs")
+    p.add_argument(
+        "--json", dest="json_path", default=None, metavar="PATH", help="write the table and the runs"
+    )
     p.add_argument("--markdown", default=None, metavar="PATH", help="write the table as markdown")
-    p.add_argument("--from", dest="saved", default=None, metavar="PATH",
-                   help="rebuild the table from the runs of an earlier --json file (no model run)")
+    p.add_argument(
+        "--from",
+        dest="saved",
+        default=None,
+        metavar="PATH",
+        help="rebuild the table from the runs of an earlier --json file (no model run)",
+    )
     return p
 
 
@@ -65,7 +88,12 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
         rng = ["--range", full if args.full else small]
         models = ["tiny", None] + ([args.model] if args.model and args.model != "tiny" else [])
         for model in models:
-            out.append((f"models:{model or 'default'}", [*argv, *rng, *extra, *(["--model", model] if model else [])]))
+            out.append(
+                (
+                    f"models:{model or 'default'}",
+                    [*argv, *rng, *extra, *(["--model", model] if model else [])],
+                )
+            )
     return out
 
 
@@ -109,10 +137,10 @@ def slim(doc: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     """Run every measurement, then print (and save) the table."""
-    from treesearch.policies.cgee import calibration_path
     from treesearch.bench import claims
-    from treesearch.policies.asks_calibration import load_gate
     from treesearch.cli.bench import machine
+    from treesearch.policies.asks_calibration import load_gate
+    from treesearch.policies.cgee import calibration_path
 
     args = build_parser().parse_args(argv)
     if args.saved:
@@ -127,16 +155,22 @@ def main(argv: list[str]) -> int:
             docs["models"][doc["model"]] = doc
         else:
             docs[key] = doc
-    default = next((d["model"] for k, d in docs.items() if k != "models" and isinstance(d, dict) and "model" in d),
-                   None) or next(iter(docs["models"]), "SmolLM2-135M-Instruct")
+    default = next(
+        (d["model"] for k, d in docs.items() if k != "models" and isinstance(d, dict) and "model" in d), None
+    ) or next(iter(docs["models"]), "SmolLM2-135M-Instruct")
     cal = calibration_path(default)
     docs["cgee_calibration"] = json.loads(cal.read_text()) if cal.exists() else None
     gate = load_gate(default)
     docs["asks_gate"] = {k: v for k, v in gate.items() if k != "records"} if gate else None
     wall = (time.perf_counter() - t0) / 60
     table = claims.rows(docs)
-    meta = {"model": default, "size": "full" if args.full else "small", "wall_min": wall,
-            "command": "treesearch bench claims " + " ".join(argv), "machine": machine()}
+    meta = {
+        "model": default,
+        "size": "full" if args.full else "small",
+        "wall_min": wall,
+        "command": "treesearch bench claims " + " ".join(argv),
+        "machine": machine(),
+    }
     return _write(args, table, meta, docs)
 
 
@@ -146,7 +180,9 @@ def _rebuild(args: argparse.Namespace) -> int:
 
     path = Path(args.saved)
     if not path.exists():
-        raise SystemExit(f"--from {path}: no such file; give a file written by treesearch bench claims --json")
+        raise SystemExit(
+            f"--from {path}: no such file; give a file written by treesearch bench claims --json"
+        )
     saved = json.loads(path.read_text())
     docs = saved["runs"]
     for key, doc in list(docs.items()):

@@ -15,31 +15,40 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from treesearch.common.errors import TreeSearchError, UsageError
-from treesearch.cli.checks import ArgumentParser, check_bench, check_solve, one_line, task_names
 from treesearch.cli.backend import add_backend_args, backend_from_args
-from treesearch.cli.model_loading import load_model_or_fail, torch_threads
+from treesearch.cli.checks import ArgumentParser, check_bench, check_solve, one_line, task_names
 from treesearch.cli.flags import add_search_flags
+from treesearch.cli.model_loading import load_model_or_fail, torch_threads
+from treesearch.common.errors import TreeSearchError, UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="treesearch", description="Tree-of-Thoughts search with KV sharing between branches.")
+    parser = ArgumentParser(
+        prog="treesearch", description="Tree-of-Thoughts search with KV sharing between branches."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     solve = sub.add_parser("solve", help="solve one input of a task and show the tree")
     solve.add_argument("task", help=f"task name: {', '.join(task_names())}")
     solve.add_argument("input", help='task input, e.g. "4 5 6 10" for game24 or a word problem for gsm8k')
     solve.add_argument("--max-nodes", type=int, default=60, help="nodes shown in the text view")
-    solve.add_argument("--resume", default=None, metavar="PATH",
-                       help="continue the search saved at PATH (written when a search stops on an error or Ctrl-C)")
+    solve.add_argument(
+        "--resume",
+        default=None,
+        metavar="PATH",
+        help="continue the search saved at PATH (written when a search stops on an error or Ctrl-C)",
+    )
     add_search_flags(solve)
-    solve.add_argument("--json", dest="json_path", default=None, metavar="PATH",
-                       help="write answer, stats and tree as JSON")
+    solve.add_argument(
+        "--json", dest="json_path", default=None, metavar="PATH", help="write answer, stats and tree as JSON"
+    )
     from treesearch.cli.run import add_run_parser
 
     add_run_parser(sub)
     # bench and calibrate parse their own arguments (main hands them over as given); listed for --help
     sub.add_parser("bench", help="benchmark KV modes side by side (treesearch bench --help)", add_help=False)
-    sub.add_parser("calibrate", help="calibrate CGEE thresholds (treesearch calibrate --help)", add_help=False)
+    sub.add_parser(
+        "calibrate", help="calibrate CGEE thresholds (treesearch calibrate --help)", add_help=False
+    )
     add_backend_args(solve)
     return parser
 
@@ -54,8 +63,15 @@ def cmd_solve(args: argparse.Namespace) -> int:
         except TreeSearchError as exc:  # an unreachable server, a model that will not load: one line
             print(f"treesearch: error: {one_line(exc)}", file=sys.stderr)
             return 2
-        searcher = Searcher(model, plan.problem, plan.strategy, plan.config, sampling=plan.sampling, seed=args.seed,
-                            progress=not args.no_progress)
+        searcher = Searcher(
+            model,
+            plan.problem,
+            plan.strategy,
+            plan.config,
+            sampling=plan.sampling,
+            seed=args.seed,
+            progress=not args.no_progress,
+        )
         try:
             result = searcher.resume(args.resume) if args.resume else searcher.solve(args.input)
         except (TreeSearchError, KeyboardInterrupt) as exc:
@@ -96,8 +112,11 @@ def _stopped(exc: BaseException, args: argparse.Namespace, problem: Any) -> int:
     if partial is not None and len(partial.tree) > 1:
         path = Path(args.resume or "treesearch-partial.json")
         partial.save(path, problem)
-        print(f"treesearch: the partial search ({len(partial.tree)} nodes) is saved in {path}; continue it with "
-              f"the same command plus --resume {path}", file=sys.stderr)
+        print(
+            f"treesearch: the partial search ({len(partial.tree)} nodes) is saved in {path}; continue it with "
+            f"the same command plus --resume {path}",
+            file=sys.stderr,
+        )
     return 130 if isinstance(exc, KeyboardInterrupt) else 2
 
 
@@ -140,8 +159,14 @@ def _one_line_warnings(show: Callable[..., None]) -> Callable[..., None]:
     `treesearch: warning: ...`, and hands the others to `show`."""
     package = str(Path(__file__).parent)
 
-    def show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
-                     line: str | None = None) -> None:
+    def show_warning(
+        message: Any,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: str | None = None,
+    ) -> None:
         if filename.startswith(package):
             print(f"treesearch: warning: {message}", file=sys.stderr)
         else:

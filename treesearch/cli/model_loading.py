@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from treesearch.common.errors import UsageError
 from treesearch.cli.checks import one_line
+from treesearch.common.errors import UsageError
 
 
 def load_model_or_fail(args: argparse.Namespace) -> Any:
@@ -21,7 +21,9 @@ def load_model_or_fail(args: argparse.Namespace) -> Any:
         return load_model(args.model, device=args.device, dtype=args.dtype)
     except (OSError, ValueError, RuntimeError) as exc:
         which = args.model or "the default model"
-        raise UsageError(f"could not load {which} (device {args.device or 'cpu'}): {one_line(exc)}"[:500]) from None
+        raise UsageError(
+            f"could not load {which} (device {args.device or 'cpu'}): {one_line(exc)}"[:500]
+        ) from None
 
 
 @contextmanager

@@ -25,29 +25,67 @@ DEFAULT_RANGES = {"game24": "900:1000", "gsm8k": "0:1319"}
 def add_run_parser(sub: Any) -> None:
     """The `run` subcommand and its flags (the search flags are solve's)."""
     from treesearch.cli.backend import add_backend_args
-    from treesearch.cli.flags import add_search_flags
     from treesearch.cli.checks import task_names
+    from treesearch.cli.flags import add_search_flags
 
     run = sub.add_parser("run", help="run a test set: many searches at once, one JSON line per input")
     run.add_argument("task", help=f"task name: {', '.join(task_names())}")
-    run.add_argument("--range", dest="rows", default=None, metavar="A:B",
-                     help="rows [A, B) of the task's shipped test set (default: game24 900:1000, gsm8k 0:1319)")
-    run.add_argument("--inputs", default=None, metavar="FILE",
-                     help="inputs from a file instead: one per line (.jsonl: one JSON value per line)")
-    run.add_argument("--concurrency", type=int, default=16, metavar="N",
-                     help="searches at once, their model calls batched together (default 16)")
-    run.add_argument("--out", default=None, metavar="PATH", help="results file, JSON lines (default TASK-A-B.jsonl)")
-    run.add_argument("--resume", action="store_true", help="continue the run in --out: skip inputs already there")
-    run.add_argument("--trees", default=None, metavar="DIR", help="also write each input's tree to DIR/INDEX.json")
-    run.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the summary as JSON")
-    ray = run.add_argument_group("Ray", "spread the run over Ray workers, each with its own model and engine "
-                                 "(needs pip install -e '.[ray]')")
-    ray.add_argument("--workers", type=int, default=None, metavar="N",
-                     help="N Ray workers, each running --concurrency searches (a local cluster unless --ray-address)")
-    ray.add_argument("--ray-address", default=None, metavar="ADDR",
-                     help="join a Ray cluster: auto (`ray start --head` on this machine) or HOST:PORT of its head")
-    ray.add_argument("--gpus-per-worker", type=float, default=None, metavar="G",
-                     help="GPUs Ray gives each worker (its model then runs on cuda unless --device says otherwise)")
+    run.add_argument(
+        "--range",
+        dest="rows",
+        default=None,
+        metavar="A:B",
+        help="rows [A, B) of the task's shipped test set (default: game24 900:1000, gsm8k 0:1319)",
+    )
+    run.add_argument(
+        "--inputs",
+        default=None,
+        metavar="FILE",
+        help="inputs from a file instead: one per line (.jsonl: one JSON value per line)",
+    )
+    run.add_argument(
+        "--concurrency",
+        type=int,
+        default=16,
+        metavar="N",
+        help="searches at once, their model calls batched together (default 16)",
+    )
+    run.add_argument(
+        "--out", default=None, metavar="PATH", help="results file, JSON lines (default TASK-A-B.jsonl)"
+    )
+    run.add_argument(
+        "--resume", action="store_true", help="continue the run in --out: skip inputs already there"
+    )
+    run.add_argument(
+        "--trees", default=None, metavar="DIR", help="also write each input's tree to DIR/INDEX.json"
+    )
+    run.add_argument(
+        "--json", dest="json_path", default=None, metavar="PATH", help="write the summary as JSON"
+    )
+    ray = run.add_argument_group(
+        "Ray",
+        "spread the run over Ray workers, each with its own model and engine (needs pip install -e '.[ray]')",
+    )
+    ray.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N Ray workers, each running --concurrency searches (a local cluster unless --ray-address)",
+    )
+    ray.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="join a Ray cluster: auto (`ray start --head` on this machine) or HOST:PORT of its head",
+    )
+    ray.add_argument(
+        "--gpus-per-worker",
+        type=float,
+        default=None,
+        metavar="G",
+        help="GPUs Ray gives each worker (its model then runs on cuda unless --device says otherwise)",
+    )
     add_search_flags(run)
     add_backend_args(run)
 
@@ -58,7 +96,9 @@ def run_items(args: argparse.Namespace) -> list[tuple[int, Any]]:
 
     if args.inputs is not None:
         if not Path(args.inputs).is_file():
-            raise UsageError(f"--inputs {args.inputs}: no such file; give a text file with one input per line")
+            raise UsageError(
+                f"--inputs {args.inputs}: no such file; give a text file with one input per line"
+            )
         return list(enumerate(file_inputs(args.inputs)))
     start, end = parse_rows(args.rows or DEFAULT_RANGES.get(args.task, "0:"))
     try:
@@ -91,13 +131,17 @@ def check_workers(args: argparse.Namespace) -> None:
                 raise UsageError(f"{flag_name(dest)} needs --workers N")
         return
     if args.backend == "server":
-        raise UsageError("--workers runs a local model in every worker; leave out --backend server (a server "
-                         "batches the searches itself: raise --concurrency instead)")
+        raise UsageError(
+            "--workers runs a local model in every worker; leave out --backend server (a server "
+            "batches the searches itself: raise --concurrency instead)"
+        )
     if (args.device or "").startswith("cuda") and not args.gpus_per_worker:
-        raise UsageError(f"--device {args.device} with --workers: add --gpus-per-worker 1, so that Ray gives each "
-                         "worker a GPU")
-    from treesearch.runs.cluster import INSTALL, require_ray
+        raise UsageError(
+            f"--device {args.device} with --workers: add --gpus-per-worker 1, so that Ray gives each "
+            "worker a GPU"
+        )
     from treesearch.common.errors import DistributedError
+    from treesearch.runs.cluster import INSTALL, require_ray
 
     try:
         require_ray()
@@ -106,14 +150,14 @@ def check_workers(args: argparse.Namespace) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from treesearch.cli.model_loading import torch_threads
     from treesearch.cli.checks import check_run, one_line
+    from treesearch.cli.model_loading import torch_threads
 
     plan = check_run(args)
     check_workers(args)
     items = run_items(args)
     out_path = args.out or f"{args.task}-{items[0][0]}-{items[-1][0] + 1}.jsonl"
-    from treesearch.runs.results_file import ResultsFile, run_inputs
+    from treesearch.runs.results_file import ResultsFile
 
     try:
         out = ResultsFile(out_path, resume=args.resume)
@@ -122,8 +166,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     with out:
         todo = sum(i not in out.done for i, _ in items)
         where = "" if args.workers is None else f" on each of {args.workers} Ray workers"
-        print(f"run: {len(items)} inputs, {len(items) - todo} already in {out_path}, {todo} to go, "
-              f"concurrency {args.concurrency}{where}", file=sys.stderr)
+        print(
+            f"run: {len(items)} inputs, {len(items) - todo} already in {out_path}, {todo} to go, "
+            f"concurrency {args.concurrency}{where}",
+            file=sys.stderr,
+        )
         try:
             if args.workers is not None:
                 summary = _run_on_workers(args, plan, items, out)
@@ -131,8 +178,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 with torch_threads(args.threads):
                     summary = _run_here(args, plan, items, out)
         except KeyboardInterrupt:
-            print(f"treesearch: interrupted; {len(out.done)} inputs are in {out_path}; continue with the same command "
-                  "plus --resume", file=sys.stderr)
+            print(
+                f"treesearch: interrupted; {len(out.done)} inputs are in {out_path}; continue with the same command "
+                "plus --resume",
+                file=sys.stderr,
+            )
             return 130
     print("\n".join(summary.lines()))
     print(f"wrote {out_path}")
@@ -145,8 +195,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_here(args: argparse.Namespace, plan: Any, items: list, out: Any) -> Any:
     """The run in this process: one model, one engine, solve_many."""
     from treesearch.cli.backend import backend_from_args
-    from treesearch.cli.model_loading import load_model_or_fail
     from treesearch.cli.checks import one_line
+    from treesearch.cli.model_loading import load_model_or_fail
     from treesearch.runs.results_file import run_inputs
     from treesearch.search.searcher import Searcher
 
@@ -154,33 +204,60 @@ def _run_here(args: argparse.Namespace, plan: Any, items: list, out: Any) -> Any
         model = backend_from_args(args) or load_model_or_fail(args)
     except TreeSearchError as exc:
         raise UsageError(one_line(exc)) from None
-    searcher = Searcher(model, plan.problem, plan.strategy, plan.config, sampling=plan.sampling, seed=args.seed,
-                        progress=False)
-    return run_inputs(searcher, items, out, concurrency=args.concurrency, trees=args.trees,
-                      progress=not args.no_progress)
+    searcher = Searcher(
+        model,
+        plan.problem,
+        plan.strategy,
+        plan.config,
+        sampling=plan.sampling,
+        seed=args.seed,
+        progress=False,
+    )
+    return run_inputs(
+        searcher, items, out, concurrency=args.concurrency, trees=args.trees, progress=not args.no_progress
+    )
 
 
 def _run_on_workers(args: argparse.Namespace, plan: Any, items: list, out: Any) -> Any:
     """The run over Ray workers (`treesearch.runs.distributed`): the driver loads no model."""
-    from treesearch.runs.distributed import DistributedRun
-    from treesearch.common.errors import DistributedError
     from treesearch.cli.checks import one_line
+    from treesearch.common.errors import DistributedError
+    from treesearch.runs.distributed import DistributedRun
     from treesearch.runs.results_file import run_inputs
     from treesearch.tasks import TASKS
 
     try:
-        run = DistributedRun(TASKS[args.task], workers=args.workers, strategy=plan.strategy, config=plan.config,
-                             sampling=plan.sampling, seed=args.seed, model=args.model, device=args.device,
-                             dtype=args.dtype, threads=args.threads, cpus_per_worker=args.threads or 1,
-                             gpus_per_worker=args.gpus_per_worker or 0, concurrency=args.concurrency,
-                             address=args.ray_address)
+        run = DistributedRun(
+            TASKS[args.task],
+            workers=args.workers,
+            strategy=plan.strategy,
+            config=plan.config,
+            sampling=plan.sampling,
+            seed=args.seed,
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            threads=args.threads,
+            cpus_per_worker=args.threads or 1,
+            gpus_per_worker=args.gpus_per_worker or 0,
+            concurrency=args.concurrency,
+            address=args.ray_address,
+        )
         with run:
             c = run.cluster
-            print(f"ray: {'started a local cluster' if c.started else 'joined the cluster at ' + c.address} in "
-                  f"{c.startup_s:.1f} s; {len(run.info)} workers ready in {run.workers_ready_s:.1f} s (" +
-                  ", ".join(f"{n} on {i['host']}, {i['device']}, {i['threads']} threads, model loaded in "
-                            f"{i['load_s']:.1f} s" for n, i in sorted(run.info.items())) + ")", file=sys.stderr)
-            return run_inputs(run, items, out, concurrency=args.concurrency, trees=args.trees,
-                              progress=not args.no_progress)
+            print(
+                f"ray: {'started a local cluster' if c.started else 'joined the cluster at ' + c.address} in "
+                f"{c.startup_s:.1f} s; {len(run.info)} workers ready in {run.workers_ready_s:.1f} s ("
+                + ", ".join(
+                    f"{n} on {i['host']}, {i['device']}, {i['threads']} threads, model loaded in "
+                    f"{i['load_s']:.1f} s"
+                    for n, i in sorted(run.info.items())
+                )
+                + ")",
+                file=sys.stderr,
+            )
+            return run_inputs(
+                run, items, out, concurrency=args.concurrency, trees=args.trees, progress=not args.no_progress
+            )
     except DistributedError as exc:
         raise UsageError(one_line(exc)) from None

@@ -100,7 +100,8 @@ class Problem:
             raise ProblemDefinitionError(
                 f"{cls}: a state of type {type(state).__name__} cannot be saved as JSON ({exc}); define "
                 f"{cls}.state_to_json(state) returning JSON data (dict, list, str, numbers) and "
-                f"{cls}.state_from_json(data) rebuilding the state") from None
+                f"{cls}.state_from_json(data) rebuilding the state"
+            ) from None
         return state
 
     def state_from_json(self, data: Any) -> Any:
@@ -119,19 +120,30 @@ def check_problem(problem: Problem) -> None:
         raise ProblemDefinitionError(f"{cls} must define value(state) or value_prompt(state) with labels")
     if has_prompt and not problem.labels:
         raise ProblemDefinitionError(
-            f"{cls}.value_prompt needs {cls}.labels, e.g. {{' sure': 20, ' likely': 1, ' impossible': 0.001}}")
+            f"{cls}.value_prompt needs {cls}.labels, e.g. {{' sure': 20, ' likely': 1, ' impossible': 0.001}}"
+        )
     lo, hi = _check_range(problem)
     if problem.labels is not None:
         if not isinstance(problem.labels, Mapping) or not problem.labels:
-            raise ProblemDefinitionError(f"{cls}.labels must be a non-empty dict of label text -> weight, "
-                                         f"got {problem.labels!r:.60}")
+            raise ProblemDefinitionError(
+                f"{cls}.labels must be a non-empty dict of label text -> weight, got {problem.labels!r:.60}"
+            )
         for k, w in problem.labels.items():
-            if not isinstance(k, str) or not k or isinstance(w, bool) or not isinstance(w, (int, float)) or math.isnan(w):
-                raise ProblemDefinitionError(f"{cls}.labels must map label text to a number, got {k!r}: {w!r}")
+            if (
+                not isinstance(k, str)
+                or not k
+                or isinstance(w, bool)
+                or not isinstance(w, (int, float))
+                or math.isnan(w)
+            ):
+                raise ProblemDefinitionError(
+                    f"{cls}.labels must map label text to a number, got {k!r}: {w!r}"
+                )
             if not lo <= w <= hi:
                 raise ProblemDefinitionError(
                     f"{cls}.labels weight {w!r} of {k!r} is outside {cls}.value_range {problem.value_range}; an LM "
-                    "value is a weighted mean of the label weights, so every weight must lie in value_range")
+                    "value is a weighted mean of the label weights, so every weight must lie in value_range"
+                )
     k = problem.samples_per_expand
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ProblemDefinitionError(f"{cls}.samples_per_expand={k!r}; it must be an int of at least 1")
@@ -139,36 +151,50 @@ def check_problem(problem: Problem) -> None:
     if isinstance(d, bool) or not isinstance(d, int) or d < 0:
         raise ProblemDefinitionError(f"{cls}.max_depth={d!r}; it must be an int of at least 0")
     if not isinstance(problem.sampling, Sampling):
-        raise ProblemDefinitionError(f"{cls}.sampling is {type(problem.sampling).__name__}; it must be a "
-                                     "treesearch.Sampling, e.g. Sampling(max_new_tokens=64, stop=('\\n\\n',))")
+        raise ProblemDefinitionError(
+            f"{cls}.sampling is {type(problem.sampling).__name__}; it must be a "
+            "treesearch.Sampling, e.g. Sampling(max_new_tokens=64, stop=('\\n\\n',))"
+        )
 
 
 def _check_range(problem: Problem) -> tuple[float, float]:
     cls = type(problem).__name__
     r = problem.value_range
-    ok = isinstance(r, (tuple, list)) and len(r) == 2 and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) for v in r)
+    ok = (
+        isinstance(r, (tuple, list))
+        and len(r) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) for v in r)
+    )
     if not ok or r[0] > r[1]:
-        raise ProblemDefinitionError(f"{cls}.value_range={r!r:.60}; it must be a (low, high) pair of numbers with "
-                                     "low <= high, e.g. (0.0, 1.0)")
+        raise ProblemDefinitionError(
+            f"{cls}.value_range={r!r:.60}; it must be a (low, high) pair of numbers with "
+            "low <= high, e.g. (0.0, 1.0)"
+        )
     return float(r[0]), float(r[1])
 
 
 def check_prompt(problem: Problem, method: str, prompt: Any) -> str:
     if not isinstance(prompt, str):
         raise ProblemDefinitionError(
-            f"{type(problem).__name__}.{method}() returned {type(prompt).__name__}; it must return a str prompt")
+            f"{type(problem).__name__}.{method}() returned {type(prompt).__name__}; it must return a str prompt"
+        )
     if not prompt:
-        raise ProblemDefinitionError(f"{type(problem).__name__}.{method}() returned an empty prompt; it must return a non-empty str")
+        raise ProblemDefinitionError(
+            f"{type(problem).__name__}.{method}() returned an empty prompt; it must return a non-empty str"
+        )
     return prompt
 
 
 def check_children(problem: Problem, children: Any) -> list[Child]:
     cls = type(problem).__name__
     if children is None:
-        raise ProblemDefinitionError(f"{cls}.parse_children() returned None; return a list (empty if nothing parsed)")
+        raise ProblemDefinitionError(
+            f"{cls}.parse_children() returned None; return a list (empty if nothing parsed)"
+        )
     if not isinstance(children, (list, tuple)):
-        raise ProblemDefinitionError(f"{cls}.parse_children() returned {type(children).__name__}; return a list of Child")
+        raise ProblemDefinitionError(
+            f"{cls}.parse_children() returned {type(children).__name__}; return a list of Child"
+        )
     out = []
     for c in children:
         if isinstance(c, Child):
@@ -178,15 +204,24 @@ def check_children(problem: Problem, children: Any) -> list[Child]:
         else:
             raise ProblemDefinitionError(
                 f"{cls}.parse_children() returned an item {c!r:.80}; each item must be Child(thought, state) "
-                "or a (thought: str, state) tuple")
+                "or a (thought: str, state) tuple"
+            )
         if not isinstance(out[-1].thought, str):
-            raise ProblemDefinitionError(f"{cls}.parse_children() returned a child whose thought is "
-                                         f"{type(out[-1].thought).__name__}; a child's thought must be a str")
+            raise ProblemDefinitionError(
+                f"{cls}.parse_children() returned a child whose thought is "
+                f"{type(out[-1].thought).__name__}; a child's thought must be a str"
+            )
         prior = out[-1].prior
-        if prior is not None and (isinstance(prior, bool) or not isinstance(prior, (int, float))
-                                  or not math.isfinite(prior) or prior < 0):
-            raise ProblemDefinitionError(f"{cls}.parse_children() returned a child with prior {prior!r}; a prior "
-                                         "must be a finite number >= 0 or None")
+        if prior is not None and (
+            isinstance(prior, bool)
+            or not isinstance(prior, (int, float))
+            or not math.isfinite(prior)
+            or prior < 0
+        ):
+            raise ProblemDefinitionError(
+                f"{cls}.parse_children() returned a child with prior {prior!r}; a prior "
+                "must be a finite number >= 0 or None"
+            )
     return out
 
 
@@ -197,9 +232,13 @@ def check_value(problem: Problem, value: Any, state: Any) -> float:
     v = float(value)
     lo, hi = problem.value_range
     if math.isnan(v):
-        raise ProblemDefinitionError(f"{cls}.value() gave NaN for state {state!r:.60}; it must return a number "
-                                     f"within {cls}.value_range {problem.value_range} or None")
+        raise ProblemDefinitionError(
+            f"{cls}.value() gave NaN for state {state!r:.60}; it must return a number "
+            f"within {cls}.value_range {problem.value_range} or None"
+        )
     if not lo <= v <= hi:
-        raise ProblemDefinitionError(f"{cls}.value() gave {v} for state {state!r:.60}, outside {cls}.value_range "
-                                     f"{problem.value_range}; return a value in that range or widen value_range")
+        raise ProblemDefinitionError(
+            f"{cls}.value() gave {v} for state {state!r:.60}, outside {cls}.value_range "
+            f"{problem.value_range}; return a value in that range or widen value_range"
+        )
     return v

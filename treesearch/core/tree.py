@@ -48,8 +48,20 @@ class ThoughtTree:
     def _add(self, parent: int | None, thought: str, state: Any, **attrs: Any) -> int:
         nid = len(self.graph)
         depth = 0 if parent is None else self.graph.nodes[parent]["depth"] + 1
-        self.graph.add_node(nid, state=state, thought=thought, depth=depth, score=None, status="frontier",
-                            terminal=False, solved=False, visits=0, value_sum=0.0, kv=None, **attrs)
+        self.graph.add_node(
+            nid,
+            state=state,
+            thought=thought,
+            depth=depth,
+            score=None,
+            status="frontier",
+            terminal=False,
+            solved=False,
+            visits=0,
+            value_sum=0.0,
+            kv=None,
+            **attrs,
+        )
         if parent is not None:
             self.graph.add_edge(parent, nid)
         return nid
@@ -108,31 +120,43 @@ class ThoughtTree:
         return data
 
     @classmethod
-    def from_json(cls, data: dict, state_from_json=None) -> "ThoughtTree":
+    def from_json(cls, data: dict, state_from_json=None) -> ThoughtTree:
         """Rebuild a tree from `to_json` data. The data is checked whole first (node ids 0..n-1,
         one parent per node with a smaller id, depth = parent's + 1, every node attribute present
         with a valid type, statuses known): a bad file raises SaveFileError, never half-loads."""
-        if not isinstance(data, dict) or not isinstance(data.get("nodes"), list) or not isinstance(data.get("links"), list):
-            raise SaveFileError("not a saved ThoughtTree: expected node-link JSON with 'nodes' and 'links' lists")
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("nodes"), list)
+            or not isinstance(data.get("links"), list)
+        ):
+            raise SaveFileError(
+                "not a saved ThoughtTree: expected node-link JSON with 'nodes' and 'links' lists"
+            )
         nodes = _check_nodes(data["nodes"])
         parents, edge_attrs = _check_links(data["links"], len(nodes))
         for n, d in enumerate(nodes):
             want = 0 if n == 0 else nodes[parents[n]]["depth"] + 1
             if d["depth"] != want:
-                raise SaveFileError(f"corrupt tree data: node {n} has depth {d['depth']}, its parent says {want}")
+                raise SaveFileError(
+                    f"corrupt tree data: node {n} has depth {d['depth']}, its parent says {want}"
+                )
         meta = data.get("graph") or {}
         if not isinstance(meta, dict):
             raise SaveFileError("corrupt tree data: 'graph' must be an object of metadata")
         if meta.get("format", FORMAT) != FORMAT:
-            raise SaveFileError(f"tree data of format {meta.get('format')!r:.40}; this version reads {FORMAT!r}")
+            raise SaveFileError(
+                f"tree data of format {meta.get('format')!r:.40}; this version reads {FORMAT!r}"
+            )
         states = [d["state"] for d in nodes]
         if state_from_json is not None:
             for n, st in enumerate(states):
                 try:
                     states[n] = state_from_json(st)
                 except Exception as exc:
-                    raise SaveFileError(f"corrupt tree data: the state of node {n} could not be rebuilt by "
-                                        f"state_from_json ({type(exc).__name__}: {exc})") from exc
+                    raise SaveFileError(
+                        f"corrupt tree data: the state of node {n} could not be rebuilt by "
+                        f"state_from_json ({type(exc).__name__}: {exc})"
+                    ) from exc
         tree = cls()
         tree.meta = {k: v for k, v in meta.items() if k != "format"}
         for n, d in enumerate(nodes):
@@ -151,7 +175,7 @@ class ThoughtTree:
         return write_text_atomic(path, json.dumps(self.to_json(state_to_json), indent=1, default=repr))
 
     @classmethod
-    def load(cls, path: str | Path, state_from_json=None) -> "ThoughtTree":
+    def load(cls, path: str | Path, state_from_json=None) -> ThoughtTree:
         """Read a tree written by `save`; a truncated or corrupted file raises SaveFileError, and a
         file written by `SearchResult.save` one that points to `SearchResult.load`."""
         try:
@@ -159,8 +183,10 @@ class ThoughtTree:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise SaveFileError(f"{path} is not valid JSON (truncated or corrupted?): {exc}") from exc
         if isinstance(data, dict) and isinstance(data.get("result"), dict) and "nodes" not in data:
-            raise SaveFileError(f"{path} is a saved search result, not a bare tree: use SearchResult.load(path, "
-                                "problem) and take its .tree")
+            raise SaveFileError(
+                f"{path} is a saved search result, not a bare tree: use SearchResult.load(path, "
+                "problem) and take its .tree"
+            )
         return cls.from_json(data, state_from_json)
 
     # -- display ---------------------------------------------------------------------------------
@@ -234,8 +260,15 @@ class ThoughtTree:
         return write_node_link(self, path, state_to_json)
 
 
-_REQUIRED = {"thought": str, "depth": int, "status": str, "terminal": bool, "solved": bool, "visits": int,
-             "value_sum": (int, float)}
+_REQUIRED = {
+    "thought": str,
+    "depth": int,
+    "status": str,
+    "terminal": bool,
+    "solved": bool,
+    "visits": int,
+    "value_sum": (int, float),
+}
 
 
 def _check_nodes(raw: list) -> list[dict]:
@@ -243,8 +276,15 @@ def _check_nodes(raw: list) -> list[dict]:
     nodes: list[dict | None] = [None] * len(raw)
     for d in raw:
         nid = d.get("id") if isinstance(d, dict) else None
-        if isinstance(nid, bool) or not isinstance(nid, int) or not 0 <= nid < len(raw) or nodes[nid] is not None:
-            raise SaveFileError(f"corrupt tree data: node ids must be 0..{len(raw) - 1}, each once (got {nid!r:.40})")
+        if (
+            isinstance(nid, bool)
+            or not isinstance(nid, int)
+            or not 0 <= nid < len(raw)
+            or nodes[nid] is not None
+        ):
+            raise SaveFileError(
+                f"corrupt tree data: node ids must be 0..{len(raw) - 1}, each once (got {nid!r:.40})"
+            )
         if "state" not in d:
             raise SaveFileError(f"corrupt tree data: node {nid} has no state")
         for key, typ in _REQUIRED.items():
@@ -253,9 +293,13 @@ def _check_nodes(raw: list) -> list[dict]:
                 raise SaveFileError(f"corrupt tree data: node {nid} attribute {key!r} is {v!r:.40}")
         score = d.get("score")
         if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))):
-            raise SaveFileError(f"corrupt tree data: node {nid} score is {score!r:.40}, expected a number or null")
+            raise SaveFileError(
+                f"corrupt tree data: node {nid} score is {score!r:.40}, expected a number or null"
+            )
         if d["status"] not in STATUSES:
-            raise SaveFileError(f"corrupt tree data: node {nid} status {d['status']!r:.40}; known: {STATUSES}")
+            raise SaveFileError(
+                f"corrupt tree data: node {nid} status {d['status']!r:.40}; known: {STATUSES}"
+            )
         nodes[nid] = d
     return nodes  # type: ignore[return-value]
 
@@ -270,7 +314,9 @@ def _check_links(links: list, n: int) -> tuple[list[int], list[dict]]:
         if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n for v in (src, dst)):
             raise SaveFileError(f"corrupt tree data: edge {e!r:.60} does not join two known nodes")
         if not src < dst or parents[dst] != -1:
-            raise SaveFileError(f"corrupt tree data: edge {src}->{dst}; every node has one parent with a smaller id")
+            raise SaveFileError(
+                f"corrupt tree data: edge {src}->{dst}; every node has one parent with a smaller id"
+            )
         parents[dst] = src
         attrs[dst] = {k: v for k, v in e.items() if k not in ("source", "target")}
     orphans = [v for v in range(1, n) if parents[v] == -1]

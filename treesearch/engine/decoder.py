@@ -48,7 +48,7 @@ ATTENTION = "math"
 # count: `Forward.pack_own_runs`).
 PACK_SINGLES_BYTES = 8 << 20
 
-_DECODERS: "weakref.WeakKeyDictionary[Any, Decoder]" = weakref.WeakKeyDictionary()
+_DECODERS: weakref.WeakKeyDictionary[Any, Decoder] = weakref.WeakKeyDictionary()
 
 
 def qualifies(model: Any) -> bool:
@@ -61,7 +61,9 @@ def qualifies(model: Any) -> bool:
     if getattr(cfg, "mlp_bias", False) or getattr(cfg, "pretraining_tp", 1) != 1:
         return False
     w = model.lm_head.weight
-    return w.dtype == torch.float32 and w.device.type == "cpu" and getattr(model.lm_head, "bias", None) is None
+    return (
+        w.dtype == torch.float32 and w.device.type == "cpu" and getattr(model.lm_head, "bias", None) is None
+    )
 
 
 def decoder_for(model: Any) -> Decoder:
@@ -122,8 +124,10 @@ class Decoder:
 
     def __init__(self, model: Any) -> None:
         if not qualifies(model):
-            raise ValueError(f"{type(model).__name__} does not qualify for the fast decode step "
-                             "(a float32 Llama on the CPU); decode through Forward.layers instead")
+            raise ValueError(
+                f"{type(model).__name__} does not qualify for the fast decode step "
+                "(a float32 Llama on the CPU); decode through Forward.layers instead"
+            )
         base, cfg = model.model, model.config
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
@@ -132,7 +136,9 @@ class Decoder:
         self.hidden = cfg.hidden_size
         self.rotary = base.rotary_emb
         self.embed = base.embed_tokens.weight.detach()
-        self.head = Linear(model.lm_head.weight * base.norm.weight.detach())  # the final norm's weight folded in
+        self.head = Linear(
+            model.lm_head.weight * base.norm.weight.detach()
+        )  # the final norm's weight folded in
         self.layers = [Layer(layer) for layer in base.layers]
         self.version = _weights_version(model)
 
@@ -141,8 +147,9 @@ class Decoder:
         return self.version != _weights_version(model)
 
     @torch.no_grad()
-    def step(self, toks: list[int], positions: list[int], batch: BatchKV, write_pos: int, *,
-             pack: bool = True) -> torch.Tensor:
+    def step(
+        self, toks: list[int], positions: list[int], batch: BatchKV, write_pos: int, *, pack: bool = True
+    ) -> torch.Tensor:
         """Each row's last token (at absolute positions given; its K/V goes to buffer position
         write_pos) -> next-token logits [B, V]. pack: the rows' own runs may be copied into one
         block for the step (up to PACK_SINGLES_BYTES); False under a cache budget, which bounds
@@ -156,8 +163,11 @@ class Decoder:
         batch.valid[:, write_pos] = True
         t = write_pos + 1
         valid = batch.valid[:, :t]
-        mask = None if bool(valid.all()) else \
-            torch.zeros(bsz, 1, 1, t).masked_fill_(~valid[:, None, None, :], float("-inf"))
+        mask = (
+            None
+            if bool(valid.all())
+            else torch.zeros(bsz, 1, 1, t).masked_fill_(~valid[:, None, None, :], float("-inf"))
+        )
         plan = Plan(batch, write_pos, mask, pack_bytes=PACK_SINGLES_BYTES if pack else 0)
         for i, lw in enumerate(self.layers):
             x = self.dense(lw, self._attend(i, lw.qkv(self._norm(x)), cos, sin, plan), x)
@@ -168,22 +178,24 @@ class Decoder:
         up, down + residual. attn [B, H d], x [B, D] -> the layer's output [B, D]."""
         x = lw.o.add(attn, x)
         gu = lw.gate_up(self._norm(x))  # [B, 2I]
-        return lw.down.add(F.silu(gu[:, :lw.inter]) * gu[:, lw.inter:], x)
+        return lw.down.add(F.silu(gu[:, : lw.inter]) * gu[:, lw.inter :], x)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         """RMSNorm without its weight (folded into the next projection): x / sqrt(mean(x^2) + eps),
         as the model's own RMSNorm computes it, in five small ops (F.rms_norm runs about eight here)."""
         return x * torch.rsqrt(x.square().mean(-1, keepdim=True).add_(self.eps))
 
-    def _attend(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: Plan) -> torch.Tensor:
+    def _attend(
+        self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: Plan
+    ) -> torch.Tensor:
         """RoPE, write the new K/V into the buffer, attend over buffer and prefix runs -> [B, H d]."""
         bsz, d, heads, hkv = qkv.shape[0], self.head_dim, self.heads, self.kv_heads
         g = heads // hkv
-        qk = qkv[:, :(heads + hkv) * d].view(bsz, heads + hkv, d)
+        qk = qkv[:, : (heads + hkv) * d].view(bsz, heads + hkv, d)
         qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin)  # RoPE on q and k together
         q = qk[:, :heads].view(bsz, hkv, g, d)  # head h uses kv head h // g; already scaled
         plan.k_new[layer].copy_(qk[:, heads:])
-        plan.v_new[layer].copy_(qkv[:, (heads + hkv) * d:].view(bsz, hkv, d))
+        plan.v_new[layer].copy_(qkv[:, (heads + hkv) * d :].view(bsz, hkv, d))
         if ATTENTION == "math":
             one = bsz == 1 and not plan.singles and not plan.parts  # what a single row's batch always is
             out, lse = _attend_one(layer, q, plan) if one else _attend_joint(layer, q, plan)
@@ -195,7 +207,7 @@ class Decoder:
             for ks_all, vs_all, rows in plan.parts:
                 ks, vs = ks_all[layer], vs_all[layer]  # [1, Hkv, m, d]
                 if isinstance(rows, int):  # one row: its queries as they are
-                    o, lp = _flash(q[rows:rows + 1], ks, vs)
+                    o, lp = _flash(q[rows : rows + 1], ks, vs)
                 else:  # several rows: their queries folded into one sequence per kv head
                     if rows is None:
                         folded = _fold(q) if folded is None else folded
@@ -220,7 +232,9 @@ class Plan:
     every run is a part. The singles are copied side by side into one padded block (`packed`)
     when that takes at most pack_bytes, else read in place row by row."""
 
-    def __init__(self, batch: BatchKV, write_pos: int, mask: torch.Tensor | None, pack_bytes: int = 0) -> None:
+    def __init__(
+        self, batch: BatchKV, write_pos: int, mask: torch.Tensor | None, pack_bytes: int = 0
+    ) -> None:
         t = write_pos + 1
         bsz = batch.batch
         self.mask = mask  # [B, 1, 1, t] or None (every buffer position valid)
@@ -243,17 +257,23 @@ class Plan:
                     own.setdefault(int(rows[0]), []).append((k, v, used))
                 continue
             one = rows is not None and rows.shape[0] == 1
-            self.parts.append((k.unsqueeze(1).unbind(0), v.unsqueeze(1).unbind(0), int(rows[0]) if one else rows))
+            self.parts.append(
+                (k.unsqueeze(1).unbind(0), v.unsqueeze(1).unbind(0), int(rows[0]) if one else rows)
+            )
             rids.append(torch.arange(bsz) if rows is None else rows)
         self.single_len = max((sum(r[2] for r in runs) for runs in own.values()), default=0)
         self.rid = torch.cat(rids)
         self.packed: tuple | None = None  # (L x K^T [B, Hkv, d, S], L x V [B, Hkv, S, d], mask [B, 1, 1, S])
-        if own and batch.nbytes // batch.k.shape[3] * self.single_len <= pack_bytes:  # the buffer's bytes per position
+        if (
+            own and batch.nbytes // batch.k.shape[3] * self.single_len <= pack_bytes
+        ):  # the buffer's bytes per position
             self.packed = _pack(own, bsz, self.single_len, batch.k)
             self.singles = {row: [(None, None, m) for _, _, m in runs] for row, runs in own.items()}
         else:
-            self.singles = {row: [(rk.transpose(-1, -2).unbind(0), rv.unbind(0), m) for rk, rv, m in runs]
-                            for row, runs in own.items()}
+            self.singles = {
+                row: [(rk.transpose(-1, -2).unbind(0), rv.unbind(0), m) for rk, rv, m in runs]
+                for row, runs in own.items()
+            }
 
 
 def _pack(own: dict[int, list[tuple]], bsz: int, width: int, like: torch.Tensor) -> tuple:
@@ -266,8 +286,8 @@ def _pack(own: dict[int, list[tuple]], bsz: int, width: int, like: torch.Tensor)
     for row, runs in own.items():
         off = 0
         for rk, rv, m in runs:
-            k[:, row, :, off:off + m] = rk
-            v[:, row, :, off:off + m] = rv
+            k[:, row, :, off : off + m] = rk
+            v[:, row, :, off : off + m] = rv
             off += m
         mask[row, :, :, :off] = 0.0
     return k.transpose(-1, -2).unbind(0), v.unbind(0), mask
@@ -298,7 +318,7 @@ def _attend_one(layer: int, q: torch.Tensor, plan: Plan) -> tuple[torch.Tensor, 
     out = torch.bmm(p[..., :t], plan.v_buf[layer][0])
     for (_, vs), c in zip(plan.shared, cols[1:]):
         m = c.shape[-1]
-        out = torch.baddbmm(out, p[..., t:t + m], vs[layer])
+        out = torch.baddbmm(out, p[..., t : t + m], vs[layer])
         t += m
     return out.unsqueeze(0), None
 
@@ -323,7 +343,7 @@ def _attend_joint(layer: int, q: torch.Tensor, plan: Plan) -> tuple[torch.Tensor
         for row, runs in plan.singles.items():
             qr, off = q[row], 0
             for kt, _, m in runs:
-                torch.matmul(qr, kt[layer], out=block[row, :, :, off:off + m])
+                torch.matmul(qr, kt[layer], out=block[row, :, :, off : off + m])
                 off += m
         cols.append(block)
     scores = torch.cat(cols, dim=-1) if len(cols) > 1 else scores
@@ -332,7 +352,7 @@ def _attend_joint(layer: int, q: torch.Tensor, plan: Plan) -> tuple[torch.Tensor
     out = torch.matmul(p[..., :t], plan.v_buf[layer])
     for _, vs in plan.shared:
         m = vs[layer].shape[-2]
-        out = out + _unfold(torch.matmul(_fold(p[..., t:t + m]), vs[layer]), bsz)
+        out = out + _unfold(torch.matmul(_fold(p[..., t : t + m]), vs[layer]), bsz)
         t += m
     if plan.packed is not None:
         out = out + torch.matmul(p[..., t:], plan.packed[1][layer])
@@ -340,19 +360,21 @@ def _attend_joint(layer: int, q: torch.Tensor, plan: Plan) -> tuple[torch.Tensor
     for row, runs in plan.singles.items():
         orow, off = out[row], t
         for _, vs, m in runs:
-            orow.baddbmm_(p[row, :, :, off:off + m], vs[layer])
+            orow.baddbmm_(p[row, :, :, off : off + m], vs[layer])
             off += m
     return out, lse
 
 
-def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _flash(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention with its log-normaliser: q [N, Hkv, n, d] (already scaled), k/v [N, Hkv, m, d] ->
     (out [N, Hkv, n, d], lse [N, Hkv, n]). "flash": SDPA's CPU flash kernel in one op; "math": five
     ops, faster for the few query rows of a decode step."""
     if ATTENTION == "flash":
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
-                                                                           scale=1.0)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=mask, scale=1.0
+        )
     s = torch.matmul(q, k.transpose(-1, -2))  # [N, Hkv, n, m]
     if mask is not None:
         s = s + mask
@@ -373,7 +395,9 @@ def _merge(outs: torch.Tensor, lses: torch.Tensor, rid: torch.Tensor, first: tor
     row's (rid[k]: the row of part k; the first B parts are the rows' buffers, lse `first`)."""
     bsz = first.shape[0]
     rest = lses[bsz:]
-    m = first.scatter_reduce(0, rid[bsz:, None, None].expand_as(rest), rest, "amax")  # [B, Hkv, g]: max per row
+    m = first.scatter_reduce(
+        0, rid[bsz:, None, None].expand_as(rest), rest, "amax"
+    )  # [B, Hkv, g]: max per row
     w = torch.exp(lses - m.index_select(0, rid))  # [K, Hkv, g]
     den = torch.zeros_like(first).index_add_(0, rid, w)
     num = outs.new_zeros((bsz,) + outs.shape[1:]).index_add_(0, rid, outs * w[..., None])

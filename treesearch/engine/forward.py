@@ -15,10 +15,10 @@ import torch
 
 from treesearch.cache.attention import BatchKV, Prefix
 from treesearch.common.config import Sampling
+from treesearch.common.stats import Stats, distinct
 from treesearch.engine.decoder import decoder_for, qualifies
 from treesearch.engine.eos import eos_token_ids
 from treesearch.models.model import LanguageModel
-from treesearch.common.stats import Stats, distinct
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> str:
@@ -31,7 +31,9 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> str:
     return text[:cut]
 
 
-def sample(logits: torch.Tensor, sampling: Sampling, generators: Sequence[torch.Generator]) -> tuple[list[int], list[float]]:
+def sample(
+    logits: torch.Tensor, sampling: Sampling, generators: Sequence[torch.Generator]
+) -> tuple[list[int], list[float]]:
     """Next token of every row of logits [B, V] and its log p (untempered): argmax when greedy, else
     temperature + top-p. Each row draws from its own generator (results never depend on the batch);
     a draw is torch.multinomial's own rule (argmax of p / Exp(1) noise), done for all rows at once."""
@@ -66,9 +68,20 @@ class Forward:
         self.decoder = decoder_for(lm.model) if fast_decode and qualifies(lm.model) else None
         self.pack_own_runs = pack_own_runs  # the fast step may copy rows' own runs into one block (no budget)
 
-    def prefill(self, prefixes: list[Prefix], news: list[list[int]], starts: list[int], *, extra: int,
-                want_logits: bool, charge: Sequence[Stats], exit_rule: Callable | None = None, exits: Any = None,
-                label_ids: list[int] | None = None, capture: list | None = None) -> tuple[BatchKV, Any]:
+    def prefill(
+        self,
+        prefixes: list[Prefix],
+        news: list[list[int]],
+        starts: list[int],
+        *,
+        extra: int,
+        want_logits: bool,
+        charge: Sequence[Stats],
+        exit_rule: Callable | None = None,
+        exits: Any = None,
+        label_ids: list[int] | None = None,
+        capture: list | None = None,
+    ) -> tuple[BatchKV, Any]:
         """One padded forward of each row's new tokens (at absolute positions starts[b]..) over its
         prefix; returns (batch, result) with room in the batch for `extra` more tokens per row.
         result: last-position logits [B, V] (want_logits), label probabilities (label_ids; see
@@ -82,23 +95,40 @@ class Forward:
         pad = lm.tokenizer.pad_token_id or 0
         ids = torch.full((bsz, nmax), pad, dtype=torch.long)
         for b, t in enumerate(news):
-            ids[b, :len(t)] = torch.tensor(t, dtype=torch.long)
+            ids[b, : len(t)] = torch.tensor(t, dtype=torch.long)
         ar = torch.arange(nmax)
         valid = ar[None, :] < torch.tensor(lens)[:, None]
         pos = torch.tensor(starts)[:, None] + ar[None, :]
         batch.begin(0, valid.to(lm.device))
         last = torch.tensor([n - 1 for n in lens])
-        result = self.layers(ids.to(lm.device), pos.to(lm.device), batch, last, want_logits,
-                             exit_rule=exit_rule, exits=exits, label_ids=label_ids, capture=capture)
+        result = self.layers(
+            ids.to(lm.device),
+            pos.to(lm.device),
+            batch,
+            last,
+            want_logits,
+            exit_rule=exit_rule,
+            exits=exits,
+            label_ids=label_ids,
+            capture=capture,
+        )
         for st in distinct(charge):
             st.model_calls += 1
         for st, n in zip(charge, lens):
             st.prefill_tokens += n
         return batch, result
 
-    def decode(self, batch: BatchKV, logits: torch.Tensor, positions: list[int], write_pos: int,
-               sampling: Sampling, generators: list[torch.Generator], charge: Sequence[Stats],
-               on_finish: Callable[[int, int, list[int]], None]) -> tuple[list[list[int]], list[list[float]], list[str]]:
+    def decode(
+        self,
+        batch: BatchKV,
+        logits: torch.Tensor,
+        positions: list[int],
+        write_pos: int,
+        sampling: Sampling,
+        generators: list[torch.Generator],
+        charge: Sequence[Stats],
+        on_finish: Callable[[int, int, list[int]], None],
+    ) -> tuple[list[list[int]], list[list[float]], list[str]]:
         """The generate loop: sample every running row, feed the tokens back, repeat until each row
         meets EOS, a stop string or max_new_tokens. Row b's first new token sits at absolute position
         positions[b] and buffer position write_pos. on_finish(batch_row, b, tokens) runs as row b
@@ -131,12 +161,18 @@ class Forward:
                 batch.select(keep)
                 toks = [toks[j] for j in keep]
                 active = [active[j] for j in keep]
-            logits = self.step(batch, toks, [positions[b] + step for b in active], write_pos + step,
-                               [charge[b] for b in active])
+            logits = self.step(
+                batch,
+                toks,
+                [positions[b] + step for b in active],
+                write_pos + step,
+                [charge[b] for b in active],
+            )
         return gens, logps, finish
 
-    def step(self, batch: BatchKV, toks: list[int], positions: list[int], write_pos: int,
-             charge: Sequence[Stats]) -> torch.Tensor:
+    def step(
+        self, batch: BatchKV, toks: list[int], positions: list[int], write_pos: int, charge: Sequence[Stats]
+    ) -> torch.Tensor:
         """One decode step: each row's last token (absolute positions given) -> next-token logits [B, V]."""
         if self.decoder is not None:
             logits = self.decoder.step(toks, positions, batch, write_pos, pack=self.pack_own_runs)
@@ -153,7 +189,7 @@ class Forward:
         return logits
 
     def finished(self, gen: list[int], sampling: Sampling) -> str | None:
-        """"eos", "stop" or None for a row whose generated ids so far are gen (always None with
+        """ "eos", "stop" or None for a row whose generated ids so far are gen (always None with
         `sampling.ignore_eos`: fixed lengths, only max_new_tokens ends a row)."""
         if sampling.ignore_eos:
             return None
@@ -165,8 +201,19 @@ class Forward:
                 return "stop"
         return None
 
-    def layers(self, ids, pos, batch: BatchKV, last, want_logits: bool, *, exit_rule=None, exits=None,
-               label_ids=None, capture: list | None = None):
+    def layers(
+        self,
+        ids,
+        pos,
+        batch: BatchKV,
+        last,
+        want_logits: bool,
+        *,
+        exit_rule=None,
+        exits=None,
+        label_ids=None,
+        capture: list | None = None,
+    ):
         """Embed, run the decoder layers with shared-prefix attention, return last-position logits.
 
         With exit_rule, label probabilities are read through the final norm and LM head after every
@@ -221,4 +268,3 @@ class Forward:
         if getattr(head, "bias", None) is not None:
             logits = logits + head.bias.index_select(0, idx)
         return torch.softmax(logits.float(), dim=-1)
-

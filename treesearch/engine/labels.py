@@ -29,10 +29,14 @@ def label_sequences(tokenizer: Any, labels: Sequence[str]) -> list[list[int]]:
     for lab in labels:
         toks = tokenizer.encode(lab, add_special_tokens=False) if isinstance(lab, str) else []
         if not toks:
-            raise ProblemDefinitionError(f"label {lab!r} tokenizes to nothing; use a non-empty word such as ' yes'")
+            raise ProblemDefinitionError(
+                f"label {lab!r} tokenizes to nothing; use a non-empty word such as ' yes'"
+            )
         seqs.append(list(toks))
     if len({tuple(q) for q in seqs}) != len(seqs):
-        raise ProblemDefinitionError(f"labels {list(labels)} tokenize alike ({seqs}); give each label its own words")
+        raise ProblemDefinitionError(
+            f"labels {list(labels)} tokenize alike ({seqs}); give each label its own words"
+        )
     return seqs
 
 
@@ -40,12 +44,15 @@ def first_tokens_differ(seqs: Sequence[Sequence[int]]) -> bool:
     return len({q[0] for q in seqs}) == len(seqs)
 
 
-def tail_logprobs(forward: Any, prefixes: list, tails: list[list[int]], starts: list[int], charge: list) -> list[float]:
+def tail_logprobs(
+    forward: Any, prefixes: list, tails: list[list[int]], starts: list[int], charge: list
+) -> list[float]:
     """For each row, sum_j log p(tail[j] | prefix, tail[:j]) over j >= 1: one forward of
     tail[:-1] at absolute positions starts[b].. over the row's prefix (K/V runs read in place)."""
     hidden: list[torch.Tensor] = []
-    forward.prefill(prefixes, [t[:-1] for t in tails], starts, extra=0, want_logits=False, charge=charge,
-                    capture=hidden)
+    forward.prefill(
+        prefixes, [t[:-1] for t in tails], starts, extra=0, want_logits=False, charge=charge, capture=hidden
+    )
     model = forward.lm.model
     logp = torch.log_softmax(model.lm_head(model.model.norm(hidden[-1])).float(), dim=-1)  # [B, n, V]
     out = []
@@ -55,8 +62,16 @@ def tail_logprobs(forward: Any, prefixes: list, tails: list[list[int]], starts: 
     return out
 
 
-def label_tails(forward: Any, cache: Any, rows: list, batch: Any, per: list, full: list[bool],
-                seqs: list[list[int]], held: list[int]) -> dict[tuple[int, int], float]:
+def label_tails(
+    forward: Any,
+    cache: Any,
+    rows: list,
+    batch: Any,
+    per: list,
+    full: list[bool],
+    seqs: list[list[int]],
+    held: list[int],
+) -> dict[tuple[int, int], float]:
     """(row, label) -> log p of a multi-token label's tokens after its first, for the rows of a
     scoring batch that ran every layer. rows: the batch's `treesearch.cache.manager.Row`s; per[b][2]:
     row b's row in the (possibly shrunk) batch buffer; the extra forward's buffer is reserved in
@@ -72,6 +87,11 @@ def label_tails(forward: Any, cache: Any, rows: list, batch: Any, per: list, ful
     need = len(who) * max(len(seqs[k]) - 1 for k in multi) * forward.lm.kv_bytes_per_token
     cache.reserve(need)
     held.append(need)
-    got = tail_logprobs(forward, [cache.prefix(rows[b].chain) + own[b] for b, _ in who], [seqs[k] for _, k in who],
-                        [len(rows[b].ids) for b, _ in who], [rows[b].stats for b, _ in who])
+    got = tail_logprobs(
+        forward,
+        [cache.prefix(rows[b].chain) + own[b] for b, _ in who],
+        [seqs[k] for _, k in who],
+        [len(rows[b].ids) for b, _ in who],
+        [rows[b].stats for b, _ in who],
+    )
     return dict(zip(who, got))

@@ -28,36 +28,44 @@ from typing import Any
 
 import torch
 
-from treesearch.policies import asks
 from treesearch.backends.protocol import FEATURES, Generation, Score
-from treesearch.policies.cgee import RowExits, token_offsets
+from treesearch.cache.kvstore import Chain, KVStore
+from treesearch.cache.manager import CacheManager, Handle, Row
 from treesearch.common.config import RKSCConfig, Sampling
 from treesearch.common.errors import ContextTooLongError, ProblemDefinitionError
-from treesearch.engine.forward import Forward, cut_at_stop
-from treesearch.cache.manager import CacheManager, Handle, Row
-from treesearch.cache.kvstore import Chain, KVStore
-from treesearch.policies.rsbcm import Priority
-from treesearch.models.model import LanguageModel
 from treesearch.common.seeds import stable_seed
 from treesearch.common.stats import Stats, distinct, per_row
-from treesearch.engine.ledger import SearchLedger
+from treesearch.engine.forward import Forward, cut_at_stop
 from treesearch.engine.labels import first_tokens_differ, label_sequences, label_tails
+from treesearch.engine.ledger import SearchLedger
 from treesearch.engine.tokens import TokenMemory, label_token_ids
+from treesearch.models.model import LanguageModel
+from treesearch.policies import asks
+from treesearch.policies.cgee import RowExits, token_offsets
+from treesearch.policies.rsbcm import Priority
 
 
 class Engine:
     """Runs a `LanguageModel` over many branches, sharing K/V as `config.kv_sharing` says."""
 
-    def __init__(self, lm: LanguageModel, config: RKSCConfig | None = None, *, max_batch: int = 32,
-                 share_min_tokens: int = 8) -> None:
+    def __init__(
+        self,
+        lm: LanguageModel,
+        config: RKSCConfig | None = None,
+        *,
+        max_batch: int = 32,
+        share_min_tokens: int = 8,
+    ) -> None:
         self.lm = lm
         self.config = config or RKSCConfig()
         self.max_batch = max_batch
         self.stats = Stats()
-        self.forward = Forward(lm, fast_decode=self.config.fast_decode,
-                               pack_own_runs=self.config.cache_budget is None)
-        self.cache = CacheManager(lm.kv_bytes_per_token, self.config, self.stats, self._compute,
-                                  share_min_tokens=share_min_tokens)
+        self.forward = Forward(
+            lm, fast_decode=self.config.fast_decode, pack_own_runs=self.config.cache_budget is None
+        )
+        self.cache = CacheManager(
+            lm.kv_bytes_per_token, self.config, self.stats, self._compute, share_min_tokens=share_min_tokens
+        )
         self.asks = asks.Gate(self.config.asks_alpha, self.config.asks_tau)
         self.tokens = TokenMemory(lm.tokenizer)
         self.searches = SearchLedger()
@@ -145,9 +153,15 @@ class Engine:
     # -- public operations -----------------------------------------------------------------------
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[str], sampling: Sampling | None = None, *,
-                 seeds: Sequence[int] | None = None, owners: Sequence[Any] | None = None,
-                 stats: Stats | Sequence[Stats] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[str],
+        sampling: Sampling | None = None,
+        *,
+        seeds: Sequence[int] | None = None,
+        owners: Sequence[Any] | None = None,
+        stats: Stats | Sequence[Stats] | None = None,
+    ) -> list[Generation]:
         """Generate one continuation per prompt (repeat a prompt for several samples). stats: where
         each prompt's work is counted (one Stats, or one per prompt when several searches share
         the call; default the engine's)."""
@@ -160,13 +174,26 @@ class Engine:
             st.generate_calls += 1
         if seeds is None:
             seeds = [stable_seed(sampling.seed, self._calls, i) for i in range(len(prompts))]
-        return self._batched(prompts, owners, charge, sampling.max_new_tokens, lambda rows, o, idx: self._generate_batch(
-            rows, [prompts[i] for i in idx], sampling, [seeds[i] for i in idx], o))
+        return self._batched(
+            prompts,
+            owners,
+            charge,
+            sampling.max_new_tokens,
+            lambda rows, o, idx: self._generate_batch(
+                rows, [prompts[i] for i in idx], sampling, [seeds[i] for i in idx], o
+            ),
+        )
 
     @torch.no_grad()
-    def score(self, prompts: Sequence[str], labels: Sequence[str], *, owners: Sequence[Any] | None = None,
-              exit_rule: Callable[[int, torch.Tensor], Any] | None = None,
-              stats: Stats | Sequence[Stats] | None = None) -> list[Score]:
+    def score(
+        self,
+        prompts: Sequence[str],
+        labels: Sequence[str],
+        *,
+        owners: Sequence[Any] | None = None,
+        exit_rule: Callable[[int, torch.Tensor], Any] | None = None,
+        stats: Stats | Sequence[Stats] | None = None,
+    ) -> list[Score]:
         """Probabilities of each label right after each prompt: its whole token sequence's
         (`treesearch.engine.labels`), renormalised over the labels; one forward pass, plus one more for
         the tokens after the first of multi-token labels.
@@ -185,20 +212,42 @@ class Engine:
         self._calls += 1
         for st in distinct(charge):
             st.score_calls += 1
-        return self._batched(prompts, owners, charge, 0, lambda rows, o, idx: self._score_batch(
-            rows, list(labels), seqs, o, exit_rule))
+        return self._batched(
+            prompts,
+            owners,
+            charge,
+            0,
+            lambda rows, o, idx: self._score_batch(rows, list(labels), seqs, o, exit_rule),
+        )
 
-    def _batched(self, prompts: Sequence[str], owners: Sequence[Any] | None, charge: list[Stats], extra: int,
-                 run: Callable) -> list:
+    def _batched(
+        self,
+        prompts: Sequence[str],
+        owners: Sequence[Any] | None,
+        charge: list[Stats],
+        extra: int,
+        run: Callable,
+    ) -> list:
         """Tokenize and check every prompt, then run them in batches that fit (`CacheManager.run_batches`)."""
         rows = self._rows(prompts, owners, charge, extra)
-        return self.cache.run_batches(rows, extra, self.max_batch, lambda idx: run(
-            [rows[i] for i in idx], None if owners is None else [owners[i] for i in idx], idx))
+        return self.cache.run_batches(
+            rows,
+            extra,
+            self.max_batch,
+            lambda idx: run(
+                [rows[i] for i in idx], None if owners is None else [owners[i] for i in idx], idx
+            ),
+        )
 
     # -- phases ----------------------------------------------------------------------------------
-    def _rows(self, prompts: Sequence[str], owners: Sequence[Any] | None, charge: list[Stats], extra: int) -> list[Row]:
+    def _rows(
+        self, prompts: Sequence[str], owners: Sequence[Any] | None, charge: list[Stats], extra: int
+    ) -> list[Row]:
         """The call's rows, tokenized and checked, looked up and checked against the budget."""
-        rows = [Row(ids=self.tokenize(p), stats=st, search=self.searches.key(st)) for p, st in zip(prompts, charge)]
+        rows = [
+            Row(ids=self.tokenize(p), stats=st, search=self.searches.key(st))
+            for p, st in zip(prompts, charge)
+        ]
         for r, owner in zip(rows, owners or []):
             r.must_store = self.cache.prompt_pinned(owner)
         for r, p in zip(rows, prompts):
@@ -207,7 +256,8 @@ class Engine:
             if len(r.ids) + extra > self.lm.max_context:
                 raise ContextTooLongError(
                     f"prompt of {len(r.ids)} tokens + {extra} new tokens exceeds the model's context of "
-                    f"{self.lm.max_context}; shorten the prompt or lower max_new_tokens (prompt starts {p[:60]!r})")
+                    f"{self.lm.max_context}; shorten the prompt or lower max_new_tokens (prompt starts {p[:60]!r})"
+                )
         if self.config.shares:
             self.cache.lookup(rows)
         self.cache.check_budget(rows, extra)
@@ -227,15 +277,32 @@ class Engine:
                     self.cache.unreserve(n)
         self.cache.hold(rows)  # the running batch's chains stay pinned until the call ends
 
-    def _prefill(self, chains: list[Chain], news: list[list[int]], starts: list[int], charge: list[Stats], *,
-                 held: list[int], extra: int = 0, want_logits: bool = False, **kw: Any):
+    def _prefill(
+        self,
+        chains: list[Chain],
+        news: list[list[int]],
+        starts: list[int],
+        charge: list[Stats],
+        *,
+        held: list[int],
+        extra: int = 0,
+        want_logits: bool = False,
+        **kw: Any,
+    ):
         """One forward of each row's new tokens over its cached chain. Its buffer is counted
         against the budget first and appended to `held`, which the caller unreserves."""
         need = len(news) * (max(len(t) for t in news) + extra) * self.lm.kv_bytes_per_token
         self.cache.reserve(need)
         held.append(need)
-        return self.forward.prefill([self.cache.prefix(c) for c in chains], news, starts, extra=extra,
-                                    want_logits=want_logits, charge=charge, **kw)
+        return self.forward.prefill(
+            [self.cache.prefix(c) for c in chains],
+            news,
+            starts,
+            extra=extra,
+            want_logits=want_logits,
+            charge=charge,
+            **kw,
+        )
 
     def _compute(self, chains: list[Chain], news: list[list[int]], starts: list[int], charge: list[Stats]):
         """The cache manager's way to compute K/V (shared runs, recomputation): each row's new K/V."""
@@ -247,8 +314,14 @@ class Engine:
             for n in held:
                 self.cache.unreserve(n)
 
-    def _store_prompts(self, rows: list[Row], batch, lens: list[int], full: Sequence[bool] | None = None,
-                       batch_rows: Sequence[int] | None = None) -> list:
+    def _store_prompts(
+        self,
+        rows: list[Row],
+        batch,
+        lens: list[int],
+        full: Sequence[bool] | None = None,
+        batch_rows: Sequence[int] | None = None,
+    ) -> list:
         """Cache each row's new prompt K/V (a row cut short by CGEE stores none); returns the ends."""
         ends: list[Handle | None] = [None] * len(rows)
         if not self.config.shares:
@@ -256,22 +329,40 @@ class Engine:
         for b, r in enumerate(rows):
             if full is None or full[b]:
                 brow = b if batch_rows is None else batch_rows[b]
-                ends[b] = self.cache.store_kv(r.ids, r.matched, batch.row_kv(brow, 0, lens[b]),
-                                              free_only=not r.must_store, charge=r.stats)
+                ends[b] = self.cache.store_kv(
+                    r.ids,
+                    r.matched,
+                    batch.row_kv(brow, 0, lens[b]),
+                    free_only=not r.must_store,
+                    charge=r.stats,
+                )
                 self.cache.count_prompt(ends[b], r.search)
         return ends
 
-    def _generate_batch(self, rows: list[Row], prompts: list[str], sampling: Sampling, seeds: list[int],
-                        owners: list[Any] | None) -> list[Generation]:
+    def _generate_batch(
+        self,
+        rows: list[Row],
+        prompts: list[str],
+        sampling: Sampling,
+        seeds: list[int],
+        owners: list[Any] | None,
+    ) -> list[Generation]:
         self._prepare(rows)
-        news = [r.ids[r.matched:] for r in rows]
+        news = [r.ids[r.matched :] for r in rows]
         lens = [len(t) for t in news]
         nmax = max(lens)
         charge = [r.stats for r in rows]
         held: list[int] = []
         try:
-            batch, logits = self._prefill([r.chain for r in rows], news, [r.matched for r in rows], charge,
-                                          held=held, extra=sampling.max_new_tokens, want_logits=True)
+            batch, logits = self._prefill(
+                [r.chain for r in rows],
+                news,
+                [r.matched for r in rows],
+                charge,
+                held=held,
+                extra=sampling.max_new_tokens,
+                want_logits=True,
+            )
             for r in rows:
                 r.stats.reused_tokens += r.matched - r.prepass
             ends = self._store_prompts(rows, batch, lens)
@@ -282,13 +373,25 @@ class Engine:
                 # the fed-back tokens' K/V (all generated but the last), only into room that displaces nothing owned
                 fed = len(gen) - 1
                 if self.config.shares and fed > 0 and ends[b] is not None:
-                    ends[b] = self.cache.store_kv(rows[b].ids + gen[:fed], len(rows[b].ids),
-                                                  batch.row_kv(j, nmax, nmax + fed), free_only=True,
-                                                  charge=rows[b].stats)
+                    ends[b] = self.cache.store_kv(
+                        rows[b].ids + gen[:fed],
+                        len(rows[b].ids),
+                        batch.row_kv(j, nmax, nmax + fed),
+                        free_only=True,
+                        charge=rows[b].stats,
+                    )
 
             generators = [torch.Generator().manual_seed(s & 0x7FFFFFFFFFFFFFFF) for s in seeds]
-            gens, logps, finish = self.forward.decode(batch, logits, [r.matched + n for r, n in zip(rows, lens)],
-                                                      nmax, sampling, generators, charge, keep_generated)
+            gens, logps, finish = self.forward.decode(
+                batch,
+                logits,
+                [r.matched + n for r, n in zip(rows, lens)],
+                nmax,
+                sampling,
+                generators,
+                charge,
+                keep_generated,
+            )
         finally:
             for n in held:
                 self.cache.unreserve(n)
@@ -298,21 +401,38 @@ class Engine:
             self.remember_generation(prompts[b], r.ids, gens[b])
             self.searches.saw(r.stats, r.ids + gens[b][:-1])
             r.stats.generated_tokens += len(gens[b])
-            results.append(Generation(text=cut_at_stop(text, sampling.stop), token_ids=gens[b], logprobs=logps[b],
-                                      finish=finish[b], prompt_tokens=len(r.ids), reused_tokens=r.matched - r.prepass,
-                                      handle=ends[b]))
+            results.append(
+                Generation(
+                    text=cut_at_stop(text, sampling.stop),
+                    token_ids=gens[b],
+                    logprobs=logps[b],
+                    finish=finish[b],
+                    prompt_tokens=len(r.ids),
+                    reused_tokens=r.matched - r.prepass,
+                    handle=ends[b],
+                )
+            )
         self._finish_batch(results, owners, rows)
         return results
 
-    def _score_batch(self, rows: list[Row], labels: list[str], seqs: list[list[int]], owners: list[Any] | None,
-                     exit_rule) -> list[Score]:
+    def _score_batch(
+        self, rows: list[Row], labels: list[str], seqs: list[list[int]], owners: list[Any] | None, exit_rule
+    ) -> list[Score]:
         self._prepare(rows)
-        news = [r.ids[r.matched:] for r in rows]
+        news = [r.ids[r.matched :] for r in rows]
         held: list[int] = []
         try:
-            batch, out = self._prefill([r.chain for r in rows], news, [r.matched for r in rows],
-                                       [r.stats for r in rows], held=held, want_logits=True, exit_rule=exit_rule,
-                                       exits=RowExits(len(rows)), label_ids=[q[0] for q in seqs])
+            batch, out = self._prefill(
+                [r.chain for r in rows],
+                news,
+                [r.matched for r in rows],
+                [r.stats for r in rows],
+                held=held,
+                want_logits=True,
+                exit_rule=exit_rule,
+                exits=RowExits(len(rows)),
+                label_ids=[q[0] for q in seqs],
+            )
             for r in rows:
                 r.stats.reused_tokens += r.matched - r.prepass
             if isinstance(out, RowExits):  # per-row exit: each row has its own depth and batch row
@@ -329,14 +449,23 @@ class Engine:
         for b, r in enumerate(rows):
             probs, layers_run, _ = per[b]
             if full[b]:  # whole sequences: the first token from this pass, the rest from the tails
-                raw = {lab: float(probs[q[0]]) * math.exp(tails.get((b, k), 0.0))
-                       for k, (lab, q) in enumerate(zip(labels, seqs))}
+                raw = {
+                    lab: float(probs[q[0]]) * math.exp(tails.get((b, k), 0.0))
+                    for k, (lab, q) in enumerate(zip(labels, seqs))
+                }
             else:
                 raw = {lab: float(probs[k]) for k, lab in enumerate(labels)}
             tot = sum(raw.values()) or 1.0
             self.searches.saw(r.stats, r.ids)
-            results.append(Score(probs={k: v / tot for k, v in raw.items()}, raw=raw, layers_run=layers_run,
-                                 reused_tokens=r.matched - r.prepass, handle=ends[b]))
+            results.append(
+                Score(
+                    probs={k: v / tot for k, v in raw.items()},
+                    raw=raw,
+                    layers_run=layers_run,
+                    reused_tokens=r.matched - r.prepass,
+                    handle=ends[b],
+                )
+            )
         self._finish_batch(results, owners, rows)
         return results
 

@@ -129,7 +129,7 @@ class TokenMemory:
         self._known[text] = tuple(ids)
         self._trie.insert(text, self._known[text])
         if len(self._known) > self.limit:
-            keep = list(self._known.items())[self.limit // 2:]
+            keep = list(self._known.items())[self.limit // 2 :]
             self._known = dict(keep)
             self._trie = TextTrie()
             for k, v in keep:
@@ -155,5 +155,6 @@ def label_token_ids(tokenizer: Any, labels: Sequence[str]) -> list[int]:
     if len(set(ids)) != len(ids):
         raise ProblemDefinitionError(
             f"labels {list(labels)} do not start with distinct tokens ({ids}); pick words whose first "
-            "token differs, e.g. with a leading space: ' sure', ' likely', ' impossible'")
+            "token differs, e.g. with a leading space: ' sure', ' likely', ' impossible'"
+        )
     return ids

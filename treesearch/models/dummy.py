@@ -51,9 +51,9 @@ def is_dummy(name: str | None) -> bool:
 
 
 def parse_name(name: str) -> tuple[str, int | None]:
-    """"dummy:llama-3.2-1b@2layers" -> ("llama-3.2-1b", 2); the prefix and the layer suffix are
+    """ "dummy:llama-3.2-1b@2layers" -> ("llama-3.2-1b", 2); the prefix and the layer suffix are
     optional ("@Nlayers" keeps the first N decoder layers: the same width, for fast CPU checks)."""
-    key = name[len(PREFIX):] if is_dummy(name) else name
+    key = name[len(PREFIX) :] if is_dummy(name) else name
     m = _LAYERS.match(key)
     if m is None:
         return key.lower(), None
@@ -65,8 +65,9 @@ def config_dict(name: str) -> dict:
     key, _ = parse_name(name)
     path = models_dir() / "configs" / f"{key}.json"
     if not path.is_file():
-        raise ConfigError(f"unknown dummy model {name!r}; known: "
-                          + ", ".join(PREFIX + n for n in known_names()))
+        raise ConfigError(
+            f"unknown dummy model {name!r}; known: " + ", ".join(PREFIX + n for n in known_names())
+        )
     return json.loads(path.read_text())
 
 
@@ -90,10 +91,15 @@ def build_config(name: str, tokenizer: Any, *, num_layers: int | None = None):
     d = {k: v for k, v in config_dict(name).items() if not k.startswith("_")}
     d.pop("torch_dtype", None)
     if d["vocab_size"] < len(tokenizer):
-        raise ConfigError(f"dummy config {name!r} has vocab_size {d['vocab_size']} < the tokenizer's "
-                          f"{len(tokenizer)}; raise vocab_size in its JSON file")
-    d.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-             pad_token_id=tokenizer.pad_token_id)
+        raise ConfigError(
+            f"dummy config {name!r} has vocab_size {d['vocab_size']} < the tokenizer's "
+            f"{len(tokenizer)}; raise vocab_size in its JSON file"
+        )
+    d.update(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     if num_layers is not None:
         if num_layers < 1:
             raise ConfigError(f"num_layers={num_layers}; use at least 1")
@@ -103,8 +109,9 @@ def build_config(name: str, tokenizer: Any, *, num_layers: int | None = None):
     return AutoConfig.for_model(d.pop("model_type"), **d)
 
 
-def dummy_model(name: str, *, device: str = "cpu", dtype: Any = None, seed: int = 0,
-                num_layers: int | None = None):
+def dummy_model(
+    name: str, *, device: str = "cpu", dtype: Any = None, seed: int = 0, num_layers: int | None = None
+):
     """A `LanguageModel` of the shipped shape `name` with seeded random weights (see module doc).
 
     num_layers (or the suffix "@Nlayers" in name): keep only the first N decoder layers."""

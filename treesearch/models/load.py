@@ -54,7 +54,9 @@ def default_gguf_path() -> Path:
         )
     path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
     if not path.exists():
-        raise ModelNotInstalledError(f"{path} is missing; reinstall the default model with:\n    {INSTALL_HINT}")
+        raise ModelNotInstalledError(
+            f"{path} is missing; reinstall the default model with:\n    {INSTALL_HINT}"
+        )
     return path
 
 
@@ -104,8 +106,10 @@ def check_model(name: str | Path | None) -> None:
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"{name} is a folder without config.json; pass a Hugging Face model folder "
-                                     "(config.json, weights and tokenizer files)")
+            raise ModelNotFoundError(
+                f"{name} is a folder without config.json; pass a Hugging Face model folder "
+                "(config.json, weights and tokenizer files)"
+            )
         return
     if path.exists():
         raise ModelNotFoundError(f"{name} is a file, not a model folder; pass the folder that holds it")
@@ -113,7 +117,8 @@ def check_model(name: str | Path | None) -> None:
         return
     raise ModelNotFoundError(
         f"{name} is not a folder or a known model; pass a Hugging Face model folder, the id of a model in the "
-        f"local Hugging Face cache (nothing is downloaded), 'tiny', or no model for the default {DEFAULT_MODEL_NAME}")
+        f"local Hugging Face cache (nothing is downloaded), 'tiny', or no model for the default {DEFAULT_MODEL_NAME}"
+    )
 
 
 def _in_hub_cache(repo_id: str) -> bool:

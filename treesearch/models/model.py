@@ -41,8 +41,14 @@ def resolve_dtype(dtype: Any):
         return torch.float32
     if isinstance(dtype, str):
         try:
-            return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                    "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+            return {
+                "float32": torch.float32,
+                "fp32": torch.float32,
+                "bfloat16": torch.bfloat16,
+                "bf16": torch.bfloat16,
+                "float16": torch.float16,
+                "fp16": torch.float16,
+            }[dtype]
         except KeyError:
             raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16") from None
     return dtype

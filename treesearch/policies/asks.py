@@ -61,8 +61,12 @@ def _lcs(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def pair_rows(ids: Sequence[Sequence[int]], matched: Sequence[int], min_suffix: int = 2,
-              groups: Sequence[Any] | None = None) -> list[Pair]:
+def pair_rows(
+    ids: Sequence[Sequence[int]],
+    matched: Sequence[int],
+    min_suffix: int = 2,
+    groups: Sequence[Any] | None = None,
+) -> list[Pair]:
     """For each row, the earlier non-candidate row it could attach to (longest common suffix,
     then earliest). Both rows must compute part of the span in this call (not all cached).
     groups[i]: row i pairs only with rows of its own group (the rows of one search, so that a
@@ -97,7 +101,9 @@ def layer_weights(num_layers: int, alpha: float) -> torch.Tensor:
 
 def layer_cosines(h_branch: torch.Tensor, h_ref: torch.Tensor) -> list[float]:
     """cos(h_l(branch), h_l(ref)) for each layer; h_* are [L, hidden] (pooled)."""
-    assert h_branch.shape == h_ref.shape, f"hidden shapes differ: {tuple(h_branch.shape)} vs {tuple(h_ref.shape)}"
+    assert h_branch.shape == h_ref.shape, (
+        f"hidden shapes differ: {tuple(h_branch.shape)} vs {tuple(h_ref.shape)}"
+    )
     return torch.nn.functional.cosine_similarity(h_branch.double(), h_ref.double(), dim=-1).tolist()
 
 
@@ -148,12 +154,23 @@ class Gate:
         if not cache.fits_free([ends[i] - rows[i].matched for i in order]):
             return  # no free room for the pre-pass: no gate this call (exact only)
         hidden: list[torch.Tensor] = []
-        batch, _ = prefill([rows[i].chain for i in order], [rows[i].ids[rows[i].matched:ends[i]] for i in order],
-                           [rows[i].matched for i in order], [rows[i].stats for i in order], capture=hidden)
+        batch, _ = prefill(
+            [rows[i].chain for i in order],
+            [rows[i].ids[rows[i].matched : ends[i]] for i in order],
+            [rows[i].matched for i in order],
+            [rows[i].stats for i in order],
+            capture=hidden,
+        )
         at = {i: b for b, i in enumerate(order)}
-        handles = {i: cache.insert(rows[i].ids[:ends[i]], rows[i].matched,
-                                   batch.row_kv(at[i], 0, ends[i] - rows[i].matched), charge=rows[i].stats)
-                   for i in order}
+        handles = {
+            i: cache.insert(
+                rows[i].ids[: ends[i]],
+                rows[i].matched,
+                batch.row_kv(at[i], 0, ends[i] - rows[i].matched),
+                charge=rows[i].stats,
+            )
+            for i in order
+        }
         for p in pairs:
             r, f = rows[p.row], rows[p.ref]
             lo, hi = p.span(len(r.ids))
@@ -163,12 +180,21 @@ class Gate:
             r.asks_sigma = sigma_from_cosines(cos, self.alpha)
             n = len(r.ids)
             attach = r.asks_sigma >= self.tau
-            self.log.append({"sigma": r.asks_sigma, "attached": attach, "tokens": n - 1 - hi, "cos": cos,
-                             "row": p.row, "ref": p.ref})
+            self.log.append(
+                {
+                    "sigma": r.asks_sigma,
+                    "attached": attach,
+                    "tokens": n - 1 - hi,
+                    "cos": cos,
+                    "row": p.row,
+                    "ref": p.ref,
+                }
+            )
             if not attach:
                 continue
-            end = cache.insert(r.ids[:n - 1], hi, batch.row_kv(at[p.ref], hi - f.matched, n - 1 - f.matched),
-                               charge=r.stats)
+            end = cache.insert(
+                r.ids[: n - 1], hi, batch.row_kv(at[p.ref], hi - f.matched, n - 1 - f.matched), charge=r.stats
+            )
             self.refs[end[0].id] = handles[p.ref][0].id
             r.asks_ref = p.ref
             r.stats.asks_attached += 1

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from treesearch.policies.asks import sigma_from_cosines
 from treesearch.common.intervals import wilson
+from treesearch.policies.asks import sigma_from_cosines
 
 ALPHAS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)
 TARGET = 0.05  # the held-out answer-change rate the shipped gate must bound (95% Wilson upper)
@@ -56,10 +56,17 @@ def outcome(records: list[Record], alpha: float, tau: float, sigmas: list[float]
     att = [r for r, s in zip(records, sigmas) if s >= tau]
     k = sum(r.changed for r in att)
     low, high = wilson(k, len(att))
-    return {"alpha": alpha, "tau": tau, "pairs": len(records), "attached": len(att),
-            "attached_fraction": len(att) / len(records) if records else 0.0,
-            "tokens_reused": sum(r.tokens for r in att), "changed": k,
-            "changed_rate": k / len(att) if att else 0.0, "changed_wilson95": [low, high]}
+    return {
+        "alpha": alpha,
+        "tau": tau,
+        "pairs": len(records),
+        "attached": len(att),
+        "attached_fraction": len(att) / len(records) if records else 0.0,
+        "tokens_reused": sum(r.tokens for r in att),
+        "changed": k,
+        "changed_rate": k / len(att) if att else 0.0,
+        "changed_wilson95": [low, high],
+    }
 
 
 def fit(records: list[Record], target: float = TARGET, alphas: tuple[float, ...] = ALPHAS) -> dict | None:
@@ -75,8 +82,9 @@ def fit(records: list[Record], target: float = TARGET, alphas: tuple[float, ...]
             tokens += records[i].tokens
             if n < len(ranked) and sigmas[ranked[n]] == sigmas[i]:
                 continue  # a threshold cannot split equal sigmas
-            if wilson(changed, n)[1] <= target and (best is None or (n, tokens) > (best["attached"],
-                                                                                   best["tokens_reused"])):
+            if wilson(changed, n)[1] <= target and (
+                best is None or (n, tokens) > (best["attached"], best["tokens_reused"])
+            ):
                 best = outcome(records, alpha, sigmas[i], sigmas)
     return best
 
@@ -101,32 +109,59 @@ def decide(calib: list[Record], held: list[Record], target: float = TARGET) -> d
     found = fit(calib, target)
     auc = {"calibration": separation(calib), "heldout": separation(held)}
     if found is None:
-        why = (f"no (alpha, tau) bounds the changed fraction at {target:.0%} on the {len(calib)} calibration "
-               f"pairs (95% Wilson upper bound)")
-        return {"alpha": 8.0, "tau": SHUT, "gate": "shut", "why": why, "calibration": outcome(calib, 8.0, SHUT),
-                "heldout": outcome(held, 8.0, SHUT), "sigma_auc": auc,
-                "gate_open": {"calibration": outcome(calib, 8.0, OPEN), "heldout": outcome(held, 8.0, OPEN)}}
+        why = (
+            f"no (alpha, tau) bounds the changed fraction at {target:.0%} on the {len(calib)} calibration "
+            f"pairs (95% Wilson upper bound)"
+        )
+        return {
+            "alpha": 8.0,
+            "tau": SHUT,
+            "gate": "shut",
+            "why": why,
+            "calibration": outcome(calib, 8.0, SHUT),
+            "heldout": outcome(held, 8.0, SHUT),
+            "sigma_auc": auc,
+            "gate_open": {"calibration": outcome(calib, 8.0, OPEN), "heldout": outcome(held, 8.0, OPEN)},
+        }
     alpha, tau = found["alpha"], found["tau"]
     h = outcome(held, alpha, tau)
-    out = {"alpha": alpha, "tau": tau, "gate": "open", "calibration": found, "heldout": h, "sigma_auc": auc,
-           "gate_open": {"calibration": outcome(calib, alpha, OPEN), "heldout": outcome(held, alpha, OPEN)}}
+    out = {
+        "alpha": alpha,
+        "tau": tau,
+        "gate": "open",
+        "calibration": found,
+        "heldout": h,
+        "sigma_auc": auc,
+        "gate_open": {"calibration": outcome(calib, alpha, OPEN), "heldout": outcome(held, alpha, OPEN)},
+    }
     why = None
     if h["attached"] == 0:
         why = "the fit attached no held-out pair: nothing certifies it"
     elif h["changed_wilson95"][1] > target:
-        why = (f"{h['changed']} of {h['attached']} attached held-out rows changed their answer: 95% Wilson upper "
-               f"bound {h['changed_wilson95'][1]:.1%} > target {target:.0%}")
+        why = (
+            f"{h['changed']} of {h['attached']} attached held-out rows changed their answer: 95% Wilson upper "
+            f"bound {h['changed_wilson95'][1]:.1%} > target {target:.0%}"
+        )
     if why:
-        out.update(rejected={"alpha": alpha, "tau": tau, "calibration": found, "heldout": h, "why": why},
-                   tau=SHUT, gate="shut", why=why, calibration=outcome(calib, alpha, SHUT),
-                   heldout=outcome(held, alpha, SHUT))
+        out.update(
+            rejected={"alpha": alpha, "tau": tau, "calibration": found, "heldout": h, "why": why},
+            tau=SHUT,
+            gate="shut",
+            why=why,
+            calibration=outcome(calib, alpha, SHUT),
+            heldout=outcome(held, alpha, SHUT),
+        )
     return out
 
 
 def gate_path(model_name: str, folder: Path | None = None) -> Path:
     """treesearch/calibration/<model>.asks.json (or under `folder`)."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
-    base = Path(folder) if folder is not None else Path(str(resources.files("treesearch.policies").joinpath("calibrations")))
+    base = (
+        Path(folder)
+        if folder is not None
+        else Path(str(resources.files("treesearch.policies").joinpath("calibrations")))
+    )
     return base / f"{safe}.asks.json"
 
 
@@ -137,7 +172,9 @@ def load_gate(model_name: str, path: Path | None = None) -> dict | None:
         return None
     data = json.loads(p.read_text())
     if "alpha" not in data or "tau" not in data:
-        raise ValueError(f"{p}: an ASKS calibration needs 'alpha' and 'tau'; rerun treesearch bench calibrate-asks")
+        raise ValueError(
+            f"{p}: an ASKS calibration needs 'alpha' and 'tau'; rerun treesearch bench calibrate-asks"
+        )
     return data
 
 
@@ -148,8 +185,14 @@ def gate_note(model_name: str) -> tuple[float, float, str]:
     data = load_gate(model_name)
     if data is None:
         d = RKSCConfig()
-        return d.asks_alpha, d.asks_tau, (f"ASKS UNCALIBRATED for {model_name}: RKSCConfig defaults alpha="
-                                          f"{d.asks_alpha:g}, tau={d.asks_tau:g}")
+        return (
+            d.asks_alpha,
+            d.asks_tau,
+            (
+                f"ASKS UNCALIBRATED for {model_name}: RKSCConfig defaults alpha="
+                f"{d.asks_alpha:g}, tau={d.asks_tau:g}"
+            ),
+        )
     text = f"ASKS calibration {gate_path(model_name).name}: alpha={data['alpha']:g}, tau={data['tau']:g}"
     if data.get("gate") == "shut":
         text += f" (gate SHUT: {data.get('why', 'the fit was rejected')})"

@@ -77,8 +77,10 @@ class Thresholds:
 
     def __post_init__(self) -> None:
         if self.min_layer < 1:
-            raise ConfigError(f"min_layer={self.min_layer}; use a layer number >= 1 "
-                              "(layers count from 1; exits start at layer 2)")
+            raise ConfigError(
+                f"min_layer={self.min_layer}; use a layer number >= 1 "
+                "(layers count from 1; exits start at layer 2)"
+            )
         if self.theta < 0 or self.eps < 0 or self.margin < 0:
             raise ConfigError("theta, eps and margin must be >= 0; e.g. theta=0.1, eps=0.01, margin=0.1")
 
@@ -111,7 +113,9 @@ class Branch:
     confidence: float
 
 
-def decisive_sets(branches: Iterable[Branch], tau_conf: float, margin: float) -> dict[Hashable, tuple[Hashable, list]]:
+def decisive_sets(
+    branches: Iterable[Branch], tau_conf: float, margin: float
+) -> dict[Hashable, tuple[Hashable, list]]:
     """Level 1 over sibling sets: the branches grouped by parent, each set in node order (ties go to
     the lower id). Returns parent -> (its decisive branch, the set's nodes) for every set whose
     verification is skipped; the other sets are verified."""
@@ -162,8 +166,9 @@ def span_tokens(offsets: Sequence[tuple[int, int]], span: tuple[int, int]) -> tu
     return (hit[0], hit[-1] + 1) if hit else (0, 0)
 
 
-def span_confidence(offsets: Sequence[tuple[int, int]], logprobs: Sequence[float], span: tuple[int, int] | None,
-                    text_len: int) -> float:
+def span_confidence(
+    offsets: Sequence[tuple[int, int]], logprobs: Sequence[float], span: tuple[int, int] | None, text_len: int
+) -> float:
     """Geometric-mean probability exp(mean log p) of the generated tokens that produced the
     character span [s, e) of a generation's text: a child's own confidence, so that siblings parsed
     out of one generation (Game of 24's move lines) are told apart by Level 1. No span, or a span
@@ -173,9 +178,11 @@ def span_confidence(offsets: Sequence[tuple[int, int]], logprobs: Sequence[float
         if not (isinstance(s, int) and isinstance(e, int) and 0 <= s <= e <= text_len):
             from treesearch.common.errors import ProblemDefinitionError
 
-            raise ProblemDefinitionError(f"Child.span={span!r} is not a character range of the {text_len}-character "
-                                         "generation it was parsed from; use (start, end) with "
-                                         "0 <= start <= end <= len(text), or None")
+            raise ProblemDefinitionError(
+                f"Child.span={span!r} is not a character range of the {text_len}-character "
+                "generation it was parsed from; use (start, end) with "
+                "0 <= start <= end <= len(text), or None"
+            )
         i, j = span_tokens(offsets, span)
         if j > i:
             return math.exp(sum(logprobs[i:j]) / (j - i))
@@ -189,8 +196,9 @@ def label_entropy(probs: ArrayLike) -> np.ndarray:
     return -(p * np.log(p)).sum(axis=-1)
 
 
-def settled(h: np.ndarray, prev: np.ndarray, layer: int | np.ndarray, theta: float, eps: float,
-            min_layer: int) -> np.ndarray:
+def settled(
+    h: np.ndarray, prev: np.ndarray, layer: int | np.ndarray, theta: float, eps: float, min_layer: int
+) -> np.ndarray:
     """Level 2's test, elementwise: may a pass stop at `layer` (1-based) whose entropy is h, after
     a layer whose entropy was prev (inf before layer 1)? H_l < theta, |H_l - H_{l-1}| < eps and
     l >= max(min_layer, 2)."""
@@ -287,13 +295,22 @@ def thresholds_for(config, model_name: str, task: str) -> Thresholds:
         if cal is not None:
             return cal
         if config.cgee or config.cgee_measure:
-            log.warning("no CGEE calibration for model %s, task %s: CGEE stays inactive (no skip, no exit); "
-                        "run `treesearch calibrate` or set RKSCConfig.min_layer to choose thresholds yourself",
-                        model_name, task)
-        return Thresholds(theta=config.theta, eps=config.eps, min_layer=NEVER_LAYER, tau_conf=math.inf,
-                          margin=config.margin)
-    return Thresholds(theta=config.theta, eps=config.eps, min_layer=config.min_layer,
-                      tau_conf=config.tau_conf, margin=config.margin)
+            log.warning(
+                "no CGEE calibration for model %s, task %s: CGEE stays inactive (no skip, no exit); "
+                "run `treesearch calibrate` or set RKSCConfig.min_layer to choose thresholds yourself",
+                model_name,
+                task,
+            )
+        return Thresholds(
+            theta=config.theta, eps=config.eps, min_layer=NEVER_LAYER, tau_conf=math.inf, margin=config.margin
+        )
+    return Thresholds(
+        theta=config.theta,
+        eps=config.eps,
+        min_layer=config.min_layer,
+        tau_conf=config.tau_conf,
+        margin=config.margin,
+    )
 
 
 class RowExits:

@@ -31,7 +31,9 @@ def require_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise DistributedError(f"Ray is not installed, and running over workers needs it; install it with: {INSTALL}")
+        raise DistributedError(
+            f"Ray is not installed, and running over workers needs it; install it with: {INSTALL}"
+        )
     return ray
 
 
@@ -58,12 +60,21 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> Clust
     t0 = time.perf_counter()
     if ray.is_initialized():
         return Cluster(address=_current_address(ray), started=False, startup_s=0.0)
-    quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING,
-             "configure_logging": True}
+    quiet = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "logging_level": logging.WARNING,
+        "configure_logging": True,
+    }
     if address is None:
         try:
-            ray.init(address="local", num_cpus=num_cpus, object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                     _node_ip_address="127.0.0.1", **quiet)  # a cluster of this machine only: loopback
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                _node_ip_address="127.0.0.1",
+                **quiet,
+            )  # a cluster of this machine only: loopback
         except Exception as exc:  # ray's own start-up errors (ports, /tmp, memory): one line
             raise DistributedError(f"could not start a local Ray cluster: {_one_line(exc)}") from None
         return Cluster(address=_current_address(ray), started=True, startup_s=time.perf_counter() - t0)
@@ -71,8 +82,10 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> Clust
     try:
         ray.init(address=address, **quiet)
     except Exception as exc:  # ConnectionError (no cluster for "auto"), version mismatch, ...
-        raise DistributedError(f"--ray-address {address}: could not join the Ray cluster there: {_one_line(exc)}; "
-                               "start one with `ray start --head` or leave --ray-address out for a local one") from None
+        raise DistributedError(
+            f"--ray-address {address}: could not join the Ray cluster there: {_one_line(exc)}; "
+            "start one with `ray start --head` or leave --ray-address out for a local one"
+        ) from None
     return Cluster(address=_current_address(ray), started=False, startup_s=time.perf_counter() - t0)
 
 
@@ -86,9 +99,11 @@ def check_reachable(address: str) -> None:
         socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as exc:
         why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__).lower()
-        raise DistributedError(f"--ray-address {address}: nothing answers there ({why} within "
-                               f"{CONNECT_TIMEOUT_S:g} s); start the head there with `ray start --head --port={port}`, "
-                               "check the host and port, or leave --ray-address out for a local cluster") from None
+        raise DistributedError(
+            f"--ray-address {address}: nothing answers there ({why} within "
+            f"{CONNECT_TIMEOUT_S:g} s); start the head there with `ray start --head --port={port}`, "
+            "check the host and port, or leave --ray-address out for a local cluster"
+        ) from None
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -96,8 +111,10 @@ def split_address(address: str) -> tuple[str, int]:
     rest = address.split("://", 1)[1] if "://" in address else address
     host, _, port = rest.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise DistributedError(f"--ray-address {address}: write HOST:PORT, the port the head was started on "
-                               "(`ray start --head` prints it; 6379 by default), or auto for a cluster on this machine")
+        raise DistributedError(
+            f"--ray-address {address}: write HOST:PORT, the port the head was started on "
+            "(`ray start --head` prints it; 6379 by default), or auto for a cluster on this machine"
+        )
     return host.strip("[]"), int(port)
 
 

@@ -36,17 +36,18 @@ from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from treesearch.runs.cluster import Cluster, connect, require_ray
 from treesearch.common.config import RKSCConfig, Sampling
 from treesearch.common.errors import ConfigError, DistributedError
+from treesearch.runs.cluster import Cluster, connect, require_ray
 from treesearch.runs.worker import SearchWorker, WorkerSpec, build_problem
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 600.0  # how long start() waits for every first worker to load its model
 
 
-def run_distributed(problem_factory: Any, inputs: Iterable[Any], *, workers: int = 2, ordered: bool = True,
-                    **options: Any) -> Iterator[Any]:
+def run_distributed(
+    problem_factory: Any, inputs: Iterable[Any], *, workers: int = 2, ordered: bool = True, **options: Any
+) -> Iterator[Any]:
     """Solve every input on `workers` Ray workers; yields each input's SearchResult, in input
     order (ordered=True, like solve_many) or as each finishes (ordered=False). Options are
     DistributedRun's (strategy, config, sampling, seed, model, device, threads, concurrency,
@@ -93,21 +94,42 @@ class DistributedRun:
     "cuda"); batch: inputs handed over at a time (default concurrency // 4, 1 to 8);
     address: None for a local cluster of workers x cpus_per_worker CPUs, "auto" or HOST:PORT."""
 
-    def __init__(self, problem_factory: Any, *, workers: int = 2, strategy: Any = None,
-                 config: RKSCConfig | None = None, sampling: Sampling | None = None, seed: int = 0,
-                 model: str | None = None, device: str | None = None, dtype: str | None = None,
-                 threads: int | None = None, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
-                 concurrency: int = 16, batch: int | None = None, address: str | None = None,
-                 max_restarts: int | None = None, poll_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        problem_factory: Any,
+        *,
+        workers: int = 2,
+        strategy: Any = None,
+        config: RKSCConfig | None = None,
+        sampling: Sampling | None = None,
+        seed: int = 0,
+        model: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        threads: int | None = None,
+        cpus_per_worker: float = 1,
+        gpus_per_worker: float = 0,
+        concurrency: int = 16,
+        batch: int | None = None,
+        address: str | None = None,
+        max_restarts: int | None = None,
+        poll_s: float = 1.0,
+    ) -> None:
         require_ray()
-        for name, value in (("workers", workers), ("concurrency", concurrency), ("batch", batch or 1),
-                            ("threads", threads or 1)):
+        for name, value in (
+            ("workers", workers),
+            ("concurrency", concurrency),
+            ("batch", batch or 1),
+            ("threads", threads or 1),
+        ):
             if value < 1:
                 raise ConfigError(f"{name}={value}; use at least 1")
         if gpus_per_worker < 0 or cpus_per_worker < 0:
-            raise ConfigError("cpus_per_worker and gpus_per_worker are what Ray reserves per worker; use 0 or more")
-        from treesearch.search.checks import check_problem_instance, check_strategy
+            raise ConfigError(
+                "cpus_per_worker and gpus_per_worker are what Ray reserves per worker; use 0 or more"
+            )
         from treesearch.core.problem import check_problem
+        from treesearch.search.checks import check_problem_instance, check_strategy
 
         if strategy is None:
             from strategies import BFS
@@ -119,10 +141,18 @@ class DistributedRun:
         check_problem(self.problem)
         check_sendable(problem_factory, "problem")
         check_sendable(strategy, "strategy")
-        self.spec = WorkerSpec(problem=problem_factory, strategy=strategy, config=config or RKSCConfig(),
-                               sampling=sampling, seed=seed, model=model,
-                               device=device or ("cuda" if gpus_per_worker > 0 else None), dtype=dtype,
-                               threads=threads or max(1, int(cpus_per_worker)), concurrency=concurrency)
+        self.spec = WorkerSpec(
+            problem=problem_factory,
+            strategy=strategy,
+            config=config or RKSCConfig(),
+            sampling=sampling,
+            seed=seed,
+            model=model,
+            device=device or ("cuda" if gpus_per_worker > 0 else None),
+            dtype=dtype,
+            threads=threads or max(1, int(cpus_per_worker)),
+            concurrency=concurrency,
+        )
         self.workers, self.concurrency = workers, concurrency
         self.batch = batch or max(1, min(8, concurrency // 4))
         self.cpus_per_worker, self.gpus_per_worker = cpus_per_worker, gpus_per_worker
@@ -154,8 +184,10 @@ class DistributedRun:
         for ref in done:
             self._mark_ready(refs[ref], ref)
         if not any(s.ready for s in self._slots.values()):
-            raise DistributedError(f"no worker started within {START_TIMEOUT_S:g} s; the cluster may lack the "
-                                   f"{self.cpus_per_worker} CPUs / {self.gpus_per_worker} GPUs each worker asks for")
+            raise DistributedError(
+                f"no worker started within {START_TIMEOUT_S:g} s; the cluster may lack the "
+                f"{self.cpus_per_worker} CPUs / {self.gpus_per_worker} GPUs each worker asks for"
+            )
         self.workers_ready_s = time.perf_counter() - t0
         return self
 
@@ -242,8 +274,10 @@ class DistributedRun:
         """Hand out inputs, `batch` at a time, to the ready workers with the fewest unfinished,
         up to `concurrency` each."""
         while pending:
-            open_slots = sorted((s for s in self._slots.values() if s.ready and len(s.assigned) < self.concurrency),
-                                key=lambda s: len(s.assigned))
+            open_slots = sorted(
+                (s for s in self._slots.values() if s.ready and len(s.assigned) < self.concurrency),
+                key=lambda s: len(s.assigned),
+            )
             if not open_slots:
                 return
             for s in open_slots:
@@ -256,8 +290,9 @@ class DistributedRun:
 
     def _spawn(self) -> _Slot:
         name = next(self._names)
-        actor = self._actor_class.options(num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker,
-                                          max_concurrency=4, max_restarts=0).remote(self.spec, name)
+        actor = self._actor_class.options(
+            num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker, max_concurrency=4, max_restarts=0
+        ).remote(self.spec, name)
         slot = _Slot(name=name, actor=actor, ready_ref=actor.ready.remote())
         self._slots[name] = slot
         return slot
@@ -289,16 +324,20 @@ class DistributedRun:
         pending.extendleft(reversed(list(s.assigned.items())))
         self.requeued.update(dict.fromkeys(s.assigned, s.name))
         why = _last_line(exc)
-        log.warning("%s died (%s); its %d unfinished inputs go back to the queue", s.name, why, len(s.assigned))
+        log.warning(
+            "%s died (%s); its %d unfinished inputs go back to the queue", s.name, why, len(s.assigned)
+        )
         if self.restarts < self.max_restarts:
             self.restarts += 1
             new = self._spawn()
             log.warning("started %s in its place", new.name)
         elif not self._slots:
             keys = [k for k, _ in pending]
-            raise DistributedError(f"every worker died (the last: {why}); {len(keys)} inputs were not run "
-                                   f"({', '.join(map(str, keys[:10]))}{', ...' if len(keys) > 10 else ''}); "
-                                   "rerun them (treesearch run --resume does), with more memory per worker")
+            raise DistributedError(
+                f"every worker died (the last: {why}); {len(keys)} inputs were not run "
+                f"({', '.join(map(str, keys[:10]))}{', ...' if len(keys) > 10 else ''}); "
+                "rerun them (treesearch run --resume does), with more memory per worker"
+            )
 
 
 _MISSING = object()
@@ -316,18 +355,23 @@ def check_sendable(obj: Any, what: str) -> None:
         raise DistributedError(
             f"the {what} {cls} cannot be sent to the Ray workers ({type(exc).__name__}: {_last_line(exc)}); define "
             f"{cls} at module level in a module the workers can import, and keep nothing on it that cannot be "
-            "pickled (locks, open files, threads, loaded models: build those inside its methods)") from None
+            "pickled (locks, open files, threads, loaded models: build those inside its methods)"
+        ) from None
 
 
 def start_error(exc: BaseException) -> str:
     """The one line that says why a worker could not start (the exception its __init__ raised)."""
     text = str(exc)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ("Error" in ln.split(":")[0] or "Exception" in ln.split(":")[0]) and ":" in ln]
+    errors = [
+        ln for ln in lines if ("Error" in ln.split(":")[0] or "Exception" in ln.split(":")[0]) and ":" in ln
+    ]
     line = errors[-1] if errors else (lines[-1] if lines else type(exc).__name__)
     if "ModuleNotFoundError" in line:
-        line += "; the module of the problem or strategy must be importable on every worker (install it there, " \
-                "or put it on PYTHONPATH)"
+        line += (
+            "; the module of the problem or strategy must be importable on every worker (install it there, "
+            "or put it on PYTHONPATH)"
+        )
     return line[:400]
 
 

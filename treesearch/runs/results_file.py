@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,18 +44,37 @@ def file_inputs(path: str | Path) -> list[Any]:
         try:
             return [json.loads(ln) for ln in lines]
         except ValueError as err:
-            raise SaveFileError(f"{path}: not one JSON value per line ({err}); write one input per line") from None
+            raise SaveFileError(
+                f"{path}: not one JSON value per line ({err}); write one input per line"
+            ) from None
     return lines
 
 
 def record(index: int, x: Any, result: Any = None, *, error: str | None = None, worker: Any = None) -> dict:
     """The JSON line of one input: its search's result, or the error that kept it from running."""
     if result is None:
-        return {"index": index, "input": x, "status": "invalid", "answer": None, "solved": False,
-                "answer_node": None, "error": error, "stats": {}, "worker": worker}
-    return {"index": index, "input": x, "status": result.status, "answer": result.answer,
-            "solved": bool(result.solved), "answer_node": result.answer_node, "error": result.error,
-            "stats": dict(result.stats), "worker": worker}
+        return {
+            "index": index,
+            "input": x,
+            "status": "invalid",
+            "answer": None,
+            "solved": False,
+            "answer_node": None,
+            "error": error,
+            "stats": {},
+            "worker": worker,
+        }
+    return {
+        "index": index,
+        "input": x,
+        "status": result.status,
+        "answer": result.answer,
+        "solved": bool(result.solved),
+        "answer_node": result.answer_node,
+        "error": result.error,
+        "stats": dict(result.stats),
+        "worker": worker,
+    }
 
 
 class ResultsFile:
@@ -66,7 +85,9 @@ class ResultsFile:
         self.path = Path(path)
         self.done: dict[int, dict] = {}
         if self.path.exists() and not resume and self.path.stat().st_size > 0:
-            raise SaveFileError(f"{self.path} exists; pass --resume to continue that run, or choose another --out")
+            raise SaveFileError(
+                f"{self.path} exists; pass --resume to continue that run, or choose another --out"
+            )
         if resume and self.path.exists():
             self._read_existing()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +95,7 @@ class ResultsFile:
 
     def _read_existing(self) -> None:
         raw = self.path.read_bytes()
-        keep = raw[:raw.rfind(b"\n") + 1]  # a line is whole only with its newline
+        keep = raw[: raw.rfind(b"\n") + 1]  # a line is whole only with its newline
         for n, line in enumerate(keep.decode("utf-8").splitlines(), 1):
             if not line.strip():
                 continue
@@ -82,8 +103,10 @@ class ResultsFile:
                 row = json.loads(line)
                 self.done[int(row["index"])] = row
             except (ValueError, KeyError, TypeError):
-                raise SaveFileError(f"{self.path} line {n} is not a result line; it is not a file this command "
-                                    "wrote, so --resume cannot continue it") from None
+                raise SaveFileError(
+                    f"{self.path} line {n} is not a result line; it is not a file this command "
+                    "wrote, so --resume cannot continue it"
+                ) from None
         if len(keep) < len(raw):
             with open(self.path, "r+b") as f:
                 f.truncate(len(keep))
@@ -128,10 +151,12 @@ class Summary:
         return asdict(self)
 
     def lines(self) -> list[str]:
-        out = [f"inputs: {self.inputs} ({self.failed} failed, {self.invalid} invalid); solved {self.solved}: accuracy "
-               f"{self.accuracy:.3f} (95% CI {self.accuracy_low:.3f}-{self.accuracy_high:.3f})",
-               f"this run: {self.inputs_run} inputs in {self.wall_s:.1f} s = {self.inputs_per_hour:.1f} inputs/h",
-               "tokens: " + ", ".join(f"{k}={v}" for k, v in self.tokens.items())]
+        out = [
+            f"inputs: {self.inputs} ({self.failed} failed, {self.invalid} invalid); solved {self.solved}: accuracy "
+            f"{self.accuracy:.3f} (95% CI {self.accuracy_low:.3f}-{self.accuracy_high:.3f})",
+            f"this run: {self.inputs_run} inputs in {self.wall_s:.1f} s = {self.inputs_per_hour:.1f} inputs/h",
+            "tokens: " + ", ".join(f"{k}={v}" for k, v in self.tokens.items()),
+        ]
         if len(self.per_worker) > 1:
             out.append("per worker: " + ", ".join(f"{k}: {v}" for k, v in sorted(self.per_worker.items())))
         return out
@@ -153,8 +178,15 @@ def summarize(rows: Iterable[dict], *, wall_s: float = 0.0, inputs_run: int = 0)
     return s
 
 
-def run_inputs(source: Any, items: list[tuple[int, Any]], out: ResultsFile, *, concurrency: int = 16,
-               trees: str | Path | None = None, progress: bool = True) -> Summary:
+def run_inputs(
+    source: Any,
+    items: list[tuple[int, Any]],
+    out: ResultsFile,
+    *,
+    concurrency: int = 16,
+    trees: str | Path | None = None,
+    progress: bool = True,
+) -> Summary:
     """Solve the (index, input) items not yet in `out`, writing each line as its search finishes;
     returns the summary over the whole file. Inputs the task refuses are written as invalid.
     source: a Searcher (its solve_many, `concurrency` at a time), or anything with `.problem` and
@@ -175,8 +207,10 @@ def run_inputs(source: Any, items: list[tuple[int, Any]], out: ResultsFile, *, c
     if hasattr(source, "solve_items"):
         results = source.solve_items(valid)
     else:
-        results = ((i, x, r) for (i, x), r in zip(valid, source.solve_many([x for _, x in valid],
-                                                                          concurrency=concurrency)))
+        results = (
+            (i, x, r)
+            for (i, x), r in zip(valid, source.solve_many([x for _, x in valid], concurrency=concurrency))
+        )
     try:
         for i, x, res in results:
             worker = getattr(res, "worker", None)

@@ -56,9 +56,11 @@ def build_problem(problem: Any) -> Problem:
     if not isinstance(made, Problem):
         from treesearch.common.errors import ProblemDefinitionError
 
-        raise ProblemDefinitionError(f"the problem factory {_name(problem)} returned {type(made).__name__}, not a "
-                                     "treesearch.Problem; pass a Problem subclass, an instance, or a callable "
-                                     "returning one")
+        raise ProblemDefinitionError(
+            f"the problem factory {_name(problem)} returned {type(made).__name__}, not a "
+            "treesearch.Problem; pass a Problem subclass, an instance, or a callable "
+            "returning one"
+        )
     return made
 
 
@@ -79,8 +81,15 @@ class SearchWorker:
 
         torch.set_num_threads(spec.threads)
         model = load_model(spec.model, device=spec.device, dtype=spec.dtype)
-        self.searcher = Searcher(model, build_problem(spec.problem), spec.strategy, spec.config,
-                                 sampling=spec.sampling, seed=spec.seed, progress=False)
+        self.searcher = Searcher(
+            model,
+            build_problem(spec.problem),
+            spec.strategy,
+            spec.config,
+            sampling=spec.sampling,
+            seed=spec.seed,
+            progress=False,
+        )
         self.name = name
         self.spec = spec
         self._inbox: queue.Queue = queue.Queue()
@@ -88,9 +97,14 @@ class SearchWorker:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name=f"treesearch-{name}", daemon=True)
         self._thread.start()
-        self.info = {"name": name, "host": socket.gethostname(), "pid": os.getpid(),
-                     "device": str(model.device) if hasattr(model, "device") else spec.device or "cpu",
-                     "threads": spec.threads, "load_s": round(time.perf_counter() - t0, 3)}
+        self.info = {
+            "name": name,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "device": str(model.device) if hasattr(model, "device") else spec.device or "cpu",
+            "threads": spec.threads,
+            "load_s": round(time.perf_counter() - t0, 3),
+        }
 
     def ready(self) -> dict:
         """The worker's description; returns once the model is loaded (Ray runs __init__ first)."""

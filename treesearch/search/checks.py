@@ -22,17 +22,29 @@ def check_strategy(strategy: Any) -> None:
     if isinstance(strategy, str):
         import strategies
 
-        cls = next((n for n in strategies.__all__ if n.lower() == strategy.lower()
-                    and isinstance(getattr(strategies, n), type)), None)
+        cls = next(
+            (
+                n
+                for n in strategies.__all__
+                if n.lower() == strategy.lower() and isinstance(getattr(strategies, n), type)
+            ),
+            None,
+        )
         fix = f"strategies.{cls}(...)" if cls else "a strategy object such as strategies.BFS(breadth=5)"
-        raise TypeError(f"Searcher needs a strategy object, got the string {strategy!r}; pass {fix} "
-                        "(strategy names are for the command line's --strategy)")
+        raise TypeError(
+            f"Searcher needs a strategy object, got the string {strategy!r}; pass {fix} "
+            "(strategy names are for the command line's --strategy)"
+        )
     if isinstance(strategy, type):
-        raise TypeError(f"Searcher needs a strategy object, got the class {strategy.__name__}; pass "
-                        f"{strategy.__name__}() (with its settings) instead")
+        raise TypeError(
+            f"Searcher needs a strategy object, got the class {strategy.__name__}; pass "
+            f"{strategy.__name__}() (with its settings) instead"
+        )
     if not callable(getattr(strategy, "run", None)):
-        raise TypeError(f"Searcher needs a strategy with a run(searcher) method, got {type(strategy).__name__}; "
-                        "see strategies.base.Strategy")
+        raise TypeError(
+            f"Searcher needs a strategy with a run(searcher) method, got {type(strategy).__name__}; "
+            "see strategies.base.Strategy"
+        )
 
 
 def warn_greedy_duplicates(problem: Problem, sampling: Sampling) -> None:
@@ -41,7 +53,10 @@ def warn_greedy_duplicates(problem: Problem, sampling: Sampling) -> None:
     k = problem.samples_per_expand
     if sampling.temperature == 0 and k > 1:
         cls = type(problem).__name__
-        warnings.warn(f"{cls}.samples_per_expand={k} with greedy sampling (temperature=0): the {k} generations of a "
-                      f"node are identical and merge into one child; sample with a temperature > 0 (e.g. "
-                      f"Sampling(temperature=0.7) or --temperature 0.7) or set samples_per_expand=1",
-                      UserWarning, stacklevel=3)
+        warnings.warn(
+            f"{cls}.samples_per_expand={k} with greedy sampling (temperature=0): the {k} generations of a "
+            f"node are identical and merge into one child; sample with a temperature > 0 (e.g. "
+            f"Sampling(temperature=0.7) or --temperature 0.7) or set samples_per_expand=1",
+            UserWarning,
+            stacklevel=3,
+        )

@@ -45,8 +45,9 @@ def solve_many(searcher: Searcher, inputs: Iterable[Any], *, concurrency: int = 
         loop.close()  # stops the searches still running when the caller stops reading
 
 
-def solve_stream(searcher: Searcher, inputs: queue.Queue, *,
-                 concurrency: int = 16) -> Iterator[tuple[Hashable, SearchResult]]:
+def solve_stream(
+    searcher: Searcher, inputs: queue.Queue, *, concurrency: int = 16
+) -> Iterator[tuple[Hashable, SearchResult]]:
     """Like solve_many, for inputs that arrive while it runs (a Ray worker's): takes (key, input)
     pairs from the queue whenever fewer than `concurrency` searches are live, waits on it when
     none is, and yields (key, SearchResult) as each search finishes. A None in the queue ends
@@ -65,8 +66,9 @@ def solve_stream(searcher: Searcher, inputs: queue.Queue, *,
 _END, _NONE_NOW = object(), object()  # take(): no more inputs ever / none at the moment
 
 
-def _solve(searcher: Searcher, take: Callable[[bool], Any],
-           concurrency: int) -> Iterator[tuple[Hashable, SearchResult]]:
+def _solve(
+    searcher: Searcher, take: Callable[[bool], Any], concurrency: int
+) -> Iterator[tuple[Hashable, SearchResult]]:
     """The loop of both: take(block) gives the next (key, input), _NONE_NOW or _END; yields
     (key, SearchResult) as each search ends."""
     if concurrency < 1:

@@ -43,15 +43,23 @@ def load_payload(path: str | Path) -> dict:
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
-        raise SaveFileError(f"{path} does not exist; save a result first with SearchResult.save(path)") from None
+        raise SaveFileError(
+            f"{path} does not exist; save a result first with SearchResult.save(path)"
+        ) from None
     if not raw.strip():
         raise SaveFileError(f"{path} is empty (a save that never finished?); nothing was loaded")
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SaveFileError(f"{path} is not valid JSON: truncated or corrupted ({exc}); nothing was loaded") from exc
+        raise SaveFileError(
+            f"{path} is not valid JSON: truncated or corrupted ({exc}); nothing was loaded"
+        ) from exc
     if not isinstance(data, dict) or "format" not in data:
-        hint = " (it looks like a bare tree: use ThoughtTree.load)" if isinstance(data, dict) and "nodes" in data else ""
+        hint = (
+            " (it looks like a bare tree: use ThoughtTree.load)"
+            if isinstance(data, dict) and "nodes" in data
+            else ""
+        )
         raise SaveFileError(f"{path} is not a saved search result{hint}")
     if data["format"] != FORMAT:
         raise SaveFileError(f"{path} has format {data['format']!r:.60}; this version reads {FORMAT!r}")
@@ -59,15 +67,25 @@ def load_payload(path: str | Path) -> dict:
     if not isinstance(result, dict) or not isinstance(digest, str):
         raise SaveFileError(f"{path} lacks its result or checksum; nothing was loaded")
     if hashlib.sha256(canonical(result).encode("utf-8")).hexdigest() != digest:
-        raise SaveFileError(f"{path} failed its checksum: the file was modified or damaged after saving; "
-                            "nothing was loaded (restore it, or re-run the search)")
+        raise SaveFileError(
+            f"{path} failed its checksum: the file was modified or damaged after saving; "
+            "nothing was loaded (restore it, or re-run the search)"
+        )
     _check_fields(path, result)
     return result
 
 
 def _check_fields(path: str | Path, r: dict) -> None:
-    want = {"answer": (str, type(None)), "solved": bool, "best": (int, type(None)), "status": str,
-            "error": (str, type(None)), "stats": dict, "config": dict, "tree": dict}
+    want = {
+        "answer": (str, type(None)),
+        "solved": bool,
+        "best": (int, type(None)),
+        "status": str,
+        "error": (str, type(None)),
+        "stats": dict,
+        "config": dict,
+        "tree": dict,
+    }
     for key, typ in want.items():
         if not isinstance(r.get(key), typ):
             raise SaveFileError(f"{path}: field {key!r} is {r.get(key)!r:.40}; nothing was loaded")

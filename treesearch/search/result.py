@@ -29,14 +29,24 @@ class SearchResult:
     error: str | None = None  # repr of the exception that interrupted the search
     problem: Problem | None = field(default=None, repr=False, compare=False)  # converts states on save
     answer_node: int | None = None  # the node `answer` was read from (see Searcher.result); None: no answer
-    worker: str | None = None  # the Ray worker that ran the search (`treesearch.run_distributed`); None: this process
+    worker: str | None = (
+        None  # the Ray worker that ran the search (`treesearch.run_distributed`); None: this process
+    )
 
     def to_json(self, problem: Problem | None = None) -> dict:
         problem = problem or self.problem
         conv = problem.state_to_json if problem is not None else None
-        return {"answer": self.answer, "solved": self.solved, "best": self.best, "answer_node": self.answer_node,
-                "status": self.status, "error": self.error, "stats": self.stats, "config": self.config,
-                "tree": self.tree.to_json(conv)}
+        return {
+            "answer": self.answer,
+            "solved": self.solved,
+            "best": self.best,
+            "answer_node": self.answer_node,
+            "status": self.status,
+            "error": self.error,
+            "stats": self.stats,
+            "config": self.config,
+            "tree": self.tree.to_json(conv),
+        }
 
     def save(self, path: str | Path, problem: Problem | None = None) -> Path:
         """Write the result to path atomically, with a checksum; states go through the problem's
@@ -46,7 +56,7 @@ class SearchResult:
         return save_payload(path, self.to_json(problem))
 
     @classmethod
-    def load(cls, path: str | Path, problem: Problem | None = None) -> "SearchResult":
+    def load(cls, path: str | Path, problem: Problem | None = None) -> SearchResult:
         """Read a saved result; with the problem, states are rebuilt by its `state_from_json` (needed
         to resume). A truncated, edited or damaged file raises SaveFileError and loads nothing."""
         from treesearch.search.persist import load_payload
@@ -58,7 +68,18 @@ class SearchResult:
         # files from before answer_node read their answer from best
         answer_node = r.get("answer_node", r["best"] if r["answer"] is not None else None)
         if answer_node is not None and (isinstance(answer_node, bool) or answer_node not in tree):
-            raise SaveFileError(f"{path}: answer node {answer_node!r:.20} is not in the saved tree; nothing was loaded")
-        return cls(tree=tree, best=r["best"], answer=r["answer"], solved=r["solved"], stats=r["stats"],
-                   config=r["config"], status=r["status"], error=r["error"], problem=problem,
-                   answer_node=answer_node)
+            raise SaveFileError(
+                f"{path}: answer node {answer_node!r:.20} is not in the saved tree; nothing was loaded"
+            )
+        return cls(
+            tree=tree,
+            best=r["best"],
+            answer=r["answer"],
+            solved=r["solved"],
+            stats=r["stats"],
+            config=r["config"],
+            status=r["status"],
+            error=r["error"],
+            problem=problem,
+            answer_node=answer_node,
+        )

@@ -12,23 +12,22 @@ import dataclasses
 import json
 import logging
 import time
-from pathlib import Path
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from treesearch.search.checks import check_problem_instance, check_strategy, warn_greedy_duplicates
-from treesearch.policies.cgee import span_confidence
 from treesearch.backends.protocol import Backend, require_features
 from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.engine.local import Engine
-from treesearch.common.seeds import stable_seed
-from treesearch.search.limits import within_context
 from treesearch.common.errors import ProblemDefinitionError, ResumeError
+from treesearch.common.seeds import stable_seed
 from treesearch.core.problem import Child, Problem, check_children, check_problem, check_prompt, check_value
-from treesearch.policies.rsbcm import omega
-from treesearch.models.model import LanguageModel
-from treesearch.search.result import SearchResult
 from treesearch.core.tree import ThoughtTree
+from treesearch.models.model import LanguageModel
+from treesearch.policies.cgee import span_confidence
+from treesearch.policies.rsbcm import omega
+from treesearch.search.checks import check_problem_instance, check_strategy, warn_greedy_duplicates
+from treesearch.search.limits import within_context
+from treesearch.search.result import SearchResult
 
 if TYPE_CHECKING:
     from treesearch.search.verifier import Verifier
@@ -43,9 +42,18 @@ class Searcher:
     keep_cache (default True): later solve() calls start with the K/V of the last search's prompts
     (few-shot templates), so a test set computes them once; results are the same without it."""
 
-    def __init__(self, model: LanguageModel | Backend, problem: Problem, strategy: Any = None,
-                 config: RKSCConfig | None = None, *, sampling: Sampling | None = None, seed: int = 0,
-                 progress: bool = True, keep_cache: bool = True) -> None:
+    def __init__(
+        self,
+        model: LanguageModel | Backend,
+        problem: Problem,
+        strategy: Any = None,
+        config: RKSCConfig | None = None,
+        *,
+        sampling: Sampling | None = None,
+        seed: int = 0,
+        progress: bool = True,
+        keep_cache: bool = True,
+    ) -> None:
         check_problem_instance(problem)
         check_problem(problem)
         if strategy is None:
@@ -66,8 +74,10 @@ class Searcher:
         self.backend: Backend | None = None if isinstance(model, LanguageModel) else model
         if self.backend is not None:
             if not isinstance(self.backend, Backend):
-                raise TypeError(f"Searcher needs a LanguageModel (treesearch.load_model()) or a Backend "
-                                f"(e.g. treesearch.ServerEngine(...)); got {type(model).__name__}")
+                raise TypeError(
+                    f"Searcher needs a LanguageModel (treesearch.load_model()) or a Backend "
+                    f"(e.g. treesearch.ServerEngine(...)); got {type(model).__name__}"
+                )
             require_features(self.backend, self.config)
         self.engine: Backend | None = None
         self.tree = ThoughtTree()
@@ -82,9 +92,14 @@ class Searcher:
         partial search as `exc.partial_result` (a SearchResult with status "interrupted"); it is
         also `searcher.partial_result`. Save it and continue later with `resume`."""
         self.tree = ThoughtTree()
-        self.tree.meta.update(problem=self.problem.name, input=str(x), seed=self.seed,
-                              strategy=type(self.strategy).__name__, strategy_config=_describe(self.strategy),
-                              sampling=_describe(self.sampling))
+        self.tree.meta.update(
+            problem=self.problem.name,
+            input=str(x),
+            seed=self.seed,
+            strategy=type(self.strategy).__name__,
+            strategy_config=_describe(self.strategy),
+            sampling=_describe(self.sampling),
+        )
         root = self.tree.add_root(self.problem.initial_state(x))
         self._mark_new(root)
         return self._run()
@@ -104,7 +119,9 @@ class Searcher:
         prev = saved.stats if isinstance(saved, SearchResult) else None
         tree = saved.tree if isinstance(saved, SearchResult) else saved
         if not isinstance(tree, ThoughtTree) or not len(tree):
-            raise ResumeError(f"resume needs a SearchResult, a ThoughtTree with a root or a saved file; got {saved!r:.60}")
+            raise ResumeError(
+                f"resume needs a SearchResult, a ThoughtTree with a root or a saved file; got {saved!r:.60}"
+            )
         self._check_resumable(tree)
         self.tree = _fresh_copy(tree)
         if prev:
@@ -126,6 +143,8 @@ class Searcher:
         if self.backend is not None:
             return self.backend
         if self.engine is None or not self.keep_cache or self.engine.config is not self.config:
+            from treesearch.engine.local import Engine  # torch loads here, when a local engine is built
+
             self.engine = Engine(self.model, self.config, max_batch=64)
         self.engine.new_search()
         return self.engine
@@ -148,8 +167,14 @@ class Searcher:
         if self.backend is not None:
             self.engine = self.backend
             self.engine.new_search()
-        elif (self.engine is None or not self.keep_cache or self.engine.config is not self.config
-                or self.partial_result is not None):
+        elif (
+            self.engine is None
+            or not self.keep_cache
+            or self.engine.config is not self.config
+            or self.partial_result is not None
+        ):
+            from treesearch.engine.local import Engine
+
             self.engine = Engine(self.model, self.config)
         else:
             self.engine.new_search()
@@ -180,9 +205,18 @@ class Searcher:
         state = self.tree.node(node)["state"] if node is not None else None
         answer = self.problem.answer(state) if node is not None else None
         solved = bool(node is not None and self.problem.is_solved(state))
-        return SearchResult(tree=self.tree, best=best, answer=answer, solved=solved,
-                            stats=self.engine.stats.as_dict(), config=self.config.to_dict(), status=status,
-                            error=error, problem=self.problem, answer_node=node)
+        return SearchResult(
+            tree=self.tree,
+            best=best,
+            answer=answer,
+            solved=solved,
+            stats=self.engine.stats.as_dict(),
+            config=self.config.to_dict(),
+            status=status,
+            error=error,
+            problem=self.problem,
+            answer_node=node,
+        )
 
     def answer_node(self, best: int | None) -> int | None:
         """The node whose answer the search reports: the strategy's `best` if it states one (the
@@ -212,7 +246,9 @@ class Searcher:
         """Put the partial search on the exception (and on self) so nothing found is lost."""
         try:
             solutions = self.tree.nodes_with(status="solution")
-            best = max(solutions, key=lambda n: (self.tree.node(n)["score"] or 0.0, -n)) if solutions else None
+            best = (
+                max(solutions, key=lambda n: (self.tree.node(n)["score"] or 0.0, -n)) if solutions else None
+            )
             part = self.result(best, status="interrupted", error=f"{type(exc).__name__}: {exc}"[:500])
         except Exception:  # never mask the original exception
             log.exception("could not build the partial result")
@@ -221,19 +257,28 @@ class Searcher:
         try:
             exc.partial_result = part  # type: ignore[attr-defined]
             if hasattr(exc, "add_note"):
-                exc.add_note(f"treesearch: the partial search ({len(self.tree)} nodes) is exc.partial_result; "
-                             "save it with .save(path) and continue with Searcher.resume(...)")
+                exc.add_note(
+                    f"treesearch: the partial search ({len(self.tree)} nodes) is exc.partial_result; "
+                    "save it with .save(path) and continue with Searcher.resume(...)"
+                )
         except (AttributeError, TypeError):  # an exception type that takes no attributes
             pass
 
     def _check_resumable(self, tree: ThoughtTree) -> None:
         m = tree.meta
-        mine = {"problem": self.problem.name, "seed": self.seed, "strategy": type(self.strategy).__name__,
-                "strategy_config": _describe(self.strategy), "sampling": _describe(self.sampling)}
+        mine = {
+            "problem": self.problem.name,
+            "seed": self.seed,
+            "strategy": type(self.strategy).__name__,
+            "strategy_config": _describe(self.strategy),
+            "sampling": _describe(self.sampling),
+        }
         for key, value in mine.items():
             if key in m and m[key] != value:
-                raise ResumeError(f"the saved search has {key}={m[key]!r} but this Searcher has {value!r}; build the "
-                                  f"Searcher with the saved search's {key} to continue it")
+                raise ResumeError(
+                    f"the saved search has {key}={m[key]!r} but this Searcher has {value!r}; build the "
+                    f"Searcher with the saved search's {key} to continue it"
+                )
 
     def _prime_tokens(self) -> None:
         """Give a fresh engine the tokenization memory of the search so far: each expanded node's
@@ -331,7 +376,8 @@ class Searcher:
             prompt = p.value_prompt(state)
             if prompt is None:
                 raise ProblemDefinitionError(
-                    f"{type(p).__name__}: neither value() nor value_prompt() gave a value for {state!r:.60}")
+                    f"{type(p).__name__}: neither value() nor value_prompt() gave a value for {state!r:.60}"
+                )
             prompt = check_prompt(p, "value_prompt", prompt)
             if prompt in self._values:
                 values[n] = self._values[prompt]

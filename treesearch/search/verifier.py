@@ -53,7 +53,9 @@ class Valuation:
     values: dict[Hashable, float] = field(default_factory=dict)  # the value each branch takes
     probs: dict[Hashable, dict[str, float] | None] = field(default_factory=dict)  # label probs; None: skipped
     how: dict[Hashable, str] = field(default_factory=dict)  # "skipped" | "exit@L" | "full"
-    asks: dict[Hashable, tuple[Hashable, float]] = field(default_factory=dict)  # ASKS: (node attached to, sigma)
+    asks: dict[Hashable, tuple[Hashable, float]] = field(
+        default_factory=dict
+    )  # ASKS: (node attached to, sigma)
     cgee_values: dict[Hashable, float] = field(default_factory=dict)  # measurement mode: CGEE's own value
     reusable: dict[str, float] = field(default_factory=dict)  # prompt -> value a later request may reuse
 
@@ -65,8 +67,14 @@ class Verifier:
     receives prompt -> per-layer label probabilities of a full pass, for calibration (it forces
     full passes)."""
 
-    def __init__(self, engine: Any, labels: Mapping[str, float], config: Any, thresholds: Thresholds,
-                 trace: dict | None = None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        labels: Mapping[str, float],
+        config: Any,
+        thresholds: Thresholds,
+        trace: dict | None = None,
+    ) -> None:
         self.engine = engine
         self.labels = dict(labels)
         self.config = config
@@ -74,8 +82,12 @@ class Verifier:
         self.trace = trace
         self.active = bool(config.cgee or config.cgee_measure) and trace is None
 
-    def verify(self, prompts: Sequence[str], branches: Sequence[Sequence[Branch]],
-               owners: Sequence[Hashable] | None = None) -> Valuation:
+    def verify(
+        self,
+        prompts: Sequence[str],
+        branches: Sequence[Sequence[Branch]],
+        owners: Sequence[Hashable] | None = None,
+    ) -> Valuation:
         """Value the branches: branches[i] use prompts[i] (a prompt given twice is scored twice);
         owners[i] holds the K/V that the pass of prompts[i] stores (RSBCM), None: no one."""
         t0 = time.perf_counter()
@@ -84,14 +96,17 @@ class Verifier:
         finally:
             self.engine.stats.verify_s += time.perf_counter() - t0
 
-    def value(self, tree: Any, pending: dict[str, list[int]]) -> tuple[dict[int, tuple[float, dict | None]],
-                                                                        dict[str, float]]:
+    def value(
+        self, tree: Any, pending: dict[str, list[int]]
+    ) -> tuple[dict[int, tuple[float, dict | None]], dict[str, float]]:
         """The Searcher's call: (node -> (value, label probs or None), prompt -> value for the
         searcher to reuse). Branches come from the tree (parent, "confidence"); the first node of a
         prompt owns its K/V; marks (cgee, asks_value, cgee_score) are written on the nodes."""
         prompts = list(pending)
-        branches = [[Branch(n, tree.parent(n), float(tree.node(n).get("confidence", 0.0))) for n in pending[q]]
-                    for q in prompts]
+        branches = [
+            [Branch(n, tree.parent(n), float(tree.node(n).get("confidence", 0.0))) for n in pending[q]]
+            for q in prompts
+        ]
         found = self.verify(prompts, branches, owners=[pending[q][0] for q in prompts])
         for n, how in found.how.items():
             tree.node(n)["cgee"] = how
@@ -106,9 +121,17 @@ class Verifier:
         labels = list(self.labels)
         stats = self.engine.stats
         stats.verify_calls += len(prompts)
-        chosen = decisive_sets([b for bs in branches for b in bs], self.t.tau_conf, self.t.margin) if self.active else {}
-        skipped = {b.node: confidence_value(b.confidence, self.labels)
-                   for bs in branches for b in bs if b.parent in chosen}
+        chosen = (
+            decisive_sets([b for bs in branches for b in bs], self.t.tau_conf, self.t.margin)
+            if self.active
+            else {}
+        )
+        skipped = {
+            b.node: confidence_value(b.confidence, self.labels)
+            for bs in branches
+            for b in bs
+            if b.parent in chosen
+        }
         run = [i for i, bs in enumerate(branches) if any(b.node not in skipped for b in bs)]
         stats.verify_skipped += len(prompts) - len(run)
         rule = LayerExit(self.t) if self.active else (LayerRecorder() if self.trace is not None else None)
@@ -124,7 +147,9 @@ class Verifier:
         for i, s in zip(run, scores):
             for b in branches[i]:
                 if b.node not in skipped:
-                    out.how[b.node] = "full" if s.layers_run == self.engine.num_layers else f"exit@{s.layers_run}"
+                    out.how[b.node] = (
+                        "full" if s.layers_run == self.engine.num_layers else f"exit@{s.layers_run}"
+                    )
                     if s.asks_ref is not None:  # ASKS: the value prompt attached to another prompt's K/V
                         out.asks[b.node] = (branches[run[s.asks_ref]][0].node, s.asks_sigma)
                     out.values[b.node], out.probs[b.node] = self._weighted(s.probs), s.probs

@@ -5,4 +5,13 @@ from treesearch.tasks.gsm8k import GSM8K, GSM8KState, extract_number
 
 TASKS = {"game24": Game24, "gsm8k": GSM8K}
 
-__all__ = ["GSM8K", "GSM8KState", "Game24", "Game24State", "TASKS", "check_answer", "extract_number", "load_puzzles"]
+__all__ = [
+    "GSM8K",
+    "GSM8KState",
+    "Game24",
+    "Game24State",
+    "TASKS",
+    "check_answer",
+    "extract_number",
+    "load_puzzles",
+]

@@ -79,10 +79,17 @@ def load_arc(start: int = 0, end: int | None = None) -> list[ChoiceItem]:
         choices = row["question"]["choices"]
         labels = [c["label"] for c in choices]
         if row["answerKey"] not in labels or len(choices) > len(LETTERS):
-            raise ValueError(f"ARC row {row['id']}: answer key {row['answerKey']!r} not among labels {labels}")
-        items.append(ChoiceItem(id=row["id"], question=row["question"]["stem"],
-                                choices=tuple(c["text"] for c in choices),
-                                answer=LETTERS[labels.index(row["answerKey"])]))
+            raise ValueError(
+                f"ARC row {row['id']}: answer key {row['answerKey']!r} not among labels {labels}"
+            )
+        items.append(
+            ChoiceItem(
+                id=row["id"],
+                question=row["question"]["stem"],
+                choices=tuple(c["text"] for c in choices),
+                answer=LETTERS[labels.index(row["answerKey"])],
+            )
+        )
     return _slice(items, start, end)
 
 
@@ -92,7 +99,9 @@ def mmlu_stem_subjects() -> list[str]:
     return sorted(p.name[: -len("_test.csv")] for p in folder.iterdir() if p.name.endswith("_test.csv"))
 
 
-def load_mmlu_stem(start: int = 0, end: int | None = None, subjects: list[str] | None = None) -> list[ChoiceItem]:
+def load_mmlu_stem(
+    start: int = 0, end: int | None = None, subjects: list[str] | None = None
+) -> list[ChoiceItem]:
     """MMLU STEM test rows [start, end) over the subjects (default all 18, alphabetical; 3018 rows)."""
     known = mmlu_stem_subjects()
     chosen = known if subjects is None else list(subjects)
@@ -104,7 +113,16 @@ def load_mmlu_stem(start: int = 0, end: int | None = None, subjects: list[str] |
         text = _data(f"mmlu_stem/test/{subject}_test.csv")
         for i, row in enumerate(csv.reader(io.StringIO(text, newline=""))):
             if len(row) != 6 or row[5] not in "ABCD":
-                raise ValueError(f"MMLU {subject} row {i}: expected question, 4 choices, letter; got {row!r:.120}")
-            items.append(ChoiceItem(id=f"{subject}/{i}", question=row[0], choices=tuple(row[1:5]),
-                                    answer=row[5], subject=subject))
+                raise ValueError(
+                    f"MMLU {subject} row {i}: expected question, 4 choices, letter; got {row!r:.120}"
+                )
+            items.append(
+                ChoiceItem(
+                    id=f"{subject}/{i}",
+                    question=row[0],
+                    choices=tuple(row[1:5]),
+                    answer=row[5],
+                    subject=subject,
+                )
+            )
     return _slice(items, start, end)

@@ -107,7 +107,7 @@ def load_puzzles(start: int = 900, end: int = 1000) -> list[str]:
 def parse_puzzle(text: str) -> tuple[int, ...]:
     parts = text.replace(",", " ").split()
     if len(parts) != 4 or not all(p.isascii() and p.isdigit() and len(p) <= 6 for p in parts):
-        raise ParseError(f"a Game of 24 puzzle is four whole numbers such as \"4 5 6 10\", got {text!r}")
+        raise ParseError(f'a Game of 24 puzzle is four whole numbers such as "4 5 6 10", got {text!r}')
     return tuple(int(p) for p in parts)
 
 
@@ -157,8 +157,15 @@ class Game24(Problem):
     value_range = (0.0, 20.0)
     max_depth = 4
 
-    def __init__(self, *, propose_prompt: str = PROPOSE_PROMPT, value_prompt: str = VALUE_PROMPT,
-                 answer_prompt: str = ANSWER_PROMPT, value_mode: str = "label", max_new_tokens: int = 96) -> None:
+    def __init__(
+        self,
+        *,
+        propose_prompt: str = PROPOSE_PROMPT,
+        value_prompt: str = VALUE_PROMPT,
+        answer_prompt: str = ANSWER_PROMPT,
+        value_mode: str = "label",
+        max_new_tokens: int = 96,
+    ) -> None:
         if value_mode not in ("label", "sampled"):
             raise ValueError(f"value_mode={value_mode!r}; use 'label' (one scoring pass) or 'sampled'")
         self.propose_template = propose_prompt
@@ -175,7 +182,9 @@ class Game24(Problem):
         try:
             parse_puzzle(" ".join(str(v) for v in x))
         except TypeError:
-            raise ParseError(f"a Game of 24 puzzle is four whole numbers such as \"4 5 6 10\", got {x!r:.60}") from None
+            raise ParseError(
+                f'a Game of 24 puzzle is four whole numbers such as "4 5 6 10", got {x!r:.60}'
+            ) from None
 
     def initial_state(self, x) -> Game24State:
         puzzle = parse_puzzle(x) if isinstance(x, str) else tuple(int(v) for v in x)
@@ -183,7 +192,9 @@ class Game24(Problem):
 
     def expand_prompt(self, state: Game24State) -> str:
         if len(state.numbers) == 1:
-            return self.answer_template.format(puzzle=" ".join(map(str, state.puzzle)), steps="\n".join(state.steps))
+            return self.answer_template.format(
+                puzzle=" ".join(map(str, state.puzzle)), steps="\n".join(state.steps)
+            )
         return self.propose_template.format(numbers=state.numbers_text())
 
     def parse_children(self, state: Game24State, text: str) -> list[Child]:
@@ -196,8 +207,15 @@ class Game24(Problem):
             if not expr:
                 return []
             start = len(text) - len(text.lstrip())
-            return [Child(thought=f"Answer: {line}", span=(start, start + len(line)), state=Game24State(
-                puzzle=state.puzzle, numbers=state.numbers, steps=state.steps, answer=expr))]
+            return [
+                Child(
+                    thought=f"Answer: {line}",
+                    span=(start, start + len(line)),
+                    state=Game24State(
+                        puzzle=state.puzzle, numbers=state.numbers, steps=state.steps, answer=expr
+                    ),
+                )
+            ]
         children = []
         pos = 0
         for raw in text.splitlines(keepends=True):
@@ -206,8 +224,13 @@ class Game24(Problem):
             if move is not None:
                 thought, left = move
                 start = pos + len(line) - len(line.lstrip())
-                children.append(Child(thought=thought, span=(start, pos + len(line.rstrip())), state=Game24State(
-                    puzzle=state.puzzle, numbers=left, steps=state.steps + (thought,))))
+                children.append(
+                    Child(
+                        thought=thought,
+                        span=(start, pos + len(line.rstrip())),
+                        state=Game24State(puzzle=state.puzzle, numbers=left, steps=state.steps + (thought,)),
+                    )
+                )
             pos += len(raw)
         return children
 
@@ -232,9 +255,17 @@ class Game24(Problem):
         return f"{state.numbers_text()}|{state.answer}"
 
     def state_to_json(self, state: Game24State) -> dict:
-        return {"puzzle": list(state.puzzle), "numbers": [fmt(x) for x in state.numbers],
-                "steps": list(state.steps), "answer": state.answer}
+        return {
+            "puzzle": list(state.puzzle),
+            "numbers": [fmt(x) for x in state.numbers],
+            "steps": list(state.steps),
+            "answer": state.answer,
+        }
 
     def state_from_json(self, data: dict) -> Game24State:
-        return Game24State(puzzle=tuple(data["puzzle"]), numbers=tuple(parse_number(x) for x in data["numbers"]),
-                           steps=tuple(data["steps"]), answer=data["answer"])
+        return Game24State(
+            puzzle=tuple(data["puzzle"]),
+            numbers=tuple(parse_number(x) for x in data["numbers"]),
+            steps=tuple(data["steps"]),
+            answer=data["answer"],
+        )

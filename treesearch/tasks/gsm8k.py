@@ -73,20 +73,30 @@ class GSM8K(Problem):
     labels = LABELS
     value_range = (0.0, 1.0)
 
-    def __init__(self, *, prompt: str = PROMPT, samples_per_expand: int = 3, max_steps: int = 6,
-                 temperature: float = 0.7, max_new_tokens: int = 48) -> None:
+    def __init__(
+        self,
+        *,
+        prompt: str = PROMPT,
+        samples_per_expand: int = 3,
+        max_steps: int = 6,
+        temperature: float = 0.7,
+        max_new_tokens: int = 48,
+    ) -> None:
         self.template = prompt
         self.samples_per_expand = samples_per_expand
         self.max_depth = max_steps
-        self.sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=0.95,
-                                 stop=("\n",))
+        self.sampling = Sampling(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=0.95, stop=("\n",)
+        )
 
     def check_input(self, x: Any) -> None:
         """A question: non-empty text, or a dataset row {"question": ..., "answer": ...}; ParseError otherwise."""
         question = x.get("question") if isinstance(x, dict) else x
         if not isinstance(question, str) or not question.strip():
-            raise ParseError(f"a GSM8K input is a word problem such as \"Tom has 3 boxes of 4 apples and eats 2. "
-                             f"How many are left?\", got {x!r:.60}")
+            raise ParseError(
+                f'a GSM8K input is a word problem such as "Tom has 3 boxes of 4 apples and eats 2. '
+                f'How many are left?", got {x!r:.60}'
+            )
 
     def initial_state(self, x: Any) -> GSM8KState:
         if isinstance(x, dict):
@@ -111,8 +121,14 @@ class GSM8K(Problem):
         answer = None
         if _ANSWER.search(step):
             answer = extract_number(step)
-        return [Child(thought=step, state=GSM8KState(question=state.question, steps=state.steps + (step,),
-                                                     answer=answer, gold=state.gold))]
+        return [
+            Child(
+                thought=step,
+                state=GSM8KState(
+                    question=state.question, steps=state.steps + (step,), answer=answer, gold=state.gold
+                ),
+            )
+        ]
 
     def value_prompt(self, state: GSM8KState) -> str:
         return self.context(state).rstrip("\n") + VALUE_SUFFIX
@@ -130,8 +146,17 @@ class GSM8K(Problem):
         return "\n".join(state.steps)
 
     def state_to_json(self, state: GSM8KState) -> dict:
-        return {"question": state.question, "steps": list(state.steps), "answer": state.answer, "gold": state.gold}
+        return {
+            "question": state.question,
+            "steps": list(state.steps),
+            "answer": state.answer,
+            "gold": state.gold,
+        }
 
     def state_from_json(self, data: dict) -> GSM8KState:
-        return GSM8KState(question=data["question"], steps=tuple(data["steps"]), answer=data["answer"],
-                          gold=data.get("gold"))
+        return GSM8KState(
+            question=data["question"],
+            steps=tuple(data["steps"]),
+            answer=data["answer"],
+            gold=data.get("gold"),
+        )

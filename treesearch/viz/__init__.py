@@ -27,6 +27,26 @@ def plot_tree(tree, ax=None, **kwargs):
     return _plot(tree, ax, **kwargs)
 
 
-__all__ = ["DEFAULT_MAX_NODES", "KVMap", "Layout", "NodeMarks", "graphml_graph", "keep_set", "kv_map", "layout",
-           "legend_svg", "node_link_data", "node_marks", "page_html", "plain_kv", "plot_tree", "render_svg",
-           "structure", "tree_html", "tree_view", "write_graphml", "write_html", "write_node_link"]
+__all__ = [
+    "DEFAULT_MAX_NODES",
+    "KVMap",
+    "Layout",
+    "NodeMarks",
+    "graphml_graph",
+    "keep_set",
+    "kv_map",
+    "layout",
+    "legend_svg",
+    "node_link_data",
+    "node_marks",
+    "page_html",
+    "plain_kv",
+    "plot_tree",
+    "render_svg",
+    "structure",
+    "tree_html",
+    "tree_view",
+    "write_graphml",
+    "write_html",
+    "write_node_link",
+]

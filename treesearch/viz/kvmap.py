@@ -43,16 +43,20 @@ class KVMap:
         return self.context_tokens / self.distinct_tokens if self.distinct_tokens else 0.0
 
     def __repr__(self) -> str:
-        return (f"KVMap({len(self.rows)} segments, {self.contexts} contexts, {self.context_tokens} context tokens "
-                f"over {self.distinct_tokens} distinct)")
+        return (
+            f"KVMap({len(self.rows)} segments, {self.contexts} contexts, {self.context_tokens} context tokens "
+            f"over {self.distinct_tokens} distinct)"
+        )
 
     def __str__(self) -> str:
         lines = [f"{'segment':>7} {'tokens':>6} {'contexts':>8}  used by"]
         for r in self.rows:
             who = " ".join(f"#{n}" for n in r.nodes[:12]) + (" ..." if len(r.nodes) > 12 else "")
             lines.append(f"{r.segment:>7} {r.tokens:>6} {r.contexts:>8}  {who}")
-        lines.append(f"{self.contexts} contexts hold {self.context_tokens} tokens; the shared store holds {self.distinct_tokens} "
-                     f"distinct tokens ({self.sharing_factor:.2f}x)")
+        lines.append(
+            f"{self.contexts} contexts hold {self.context_tokens} tokens; the shared store holds {self.distinct_tokens} "
+            f"distinct tokens ({self.sharing_factor:.2f}x)"
+        )
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -61,11 +65,15 @@ class KVMap:
         for r in self.rows:
             who = " ".join(f"#{n}" for n in r.nodes[:24]) + (" …" if len(r.nodes) > 24 else "")
             colour = "#e3f4e3" if r.shared else "#fff1e3"
-            body.append(f'<tr style="background:{colour}"><td>{r.segment}</td><td>{r.tokens}</td>'
-                        f"<td>{r.contexts}</td><td>{escape(who)}</td></tr>")
-        return (f'<table style="font-size:12px">{head}{"".join(body)}</table>'
-                f"<p>{self.contexts} contexts hold {self.context_tokens} tokens; the shared store holds {self.distinct_tokens} "
-                f"distinct tokens ({self.sharing_factor:.2f}x). Green: shared by several contexts; orange: one context's own.</p>")
+            body.append(
+                f'<tr style="background:{colour}"><td>{r.segment}</td><td>{r.tokens}</td>'
+                f"<td>{r.contexts}</td><td>{escape(who)}</td></tr>"
+            )
+        return (
+            f'<table style="font-size:12px">{head}{"".join(body)}</table>'
+            f"<p>{self.contexts} contexts hold {self.context_tokens} tokens; the shared store holds {self.distinct_tokens} "
+            f"distinct tokens ({self.sharing_factor:.2f}x). Green: shared by several contexts; orange: one context's own.</p>"
+        )
 
 
 def kv_map(tree: Any) -> KVMap:
@@ -89,5 +97,9 @@ def kv_map(tree: Any) -> KVMap:
         for s, _ in chain:
             rows[s].contexts += 1
     ordered = [rows[s] for s in sorted(rows)]
-    return KVMap(rows=ordered, context_tokens=context, distinct_tokens=sum(r.tokens for r in ordered),
-                 contexts=len(seen))
+    return KVMap(
+        rows=ordered,
+        context_tokens=context,
+        distinct_tokens=sum(r.tokens for r in ordered),
+        contexts=len(seen),
+    )

@@ -135,8 +135,11 @@ def path_nodes(st: Structure, ends: list[int]) -> set[int]:
 
 
 def score_scale(graph: Any) -> ScoreScale:
-    scores = [float(d["score"]) for _, d in graph.nodes(data=True)
-              if isinstance(d.get("score"), (int, float)) and math.isfinite(d["score"])]
+    scores = [
+        float(d["score"])
+        for _, d in graph.nodes(data=True)
+        if isinstance(d.get("score"), (int, float)) and math.isfinite(d["score"])
+    ]
     if not scores:
         return ScoreScale(0.0, 1.0, False)
     lo, hi = min(scores), max(scores)
@@ -224,10 +227,22 @@ def node_marks(graph: Any, meta: dict | None = None, st: Structure | None = None
         score = d.get("score")
         score = float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None
         fill = scale.colour(score)
-        m = NodeMarks(id=n, depth=int(d.get("depth", 0)), status=str(d.get("status", "frontier")), score=score,
-                      solved=bool(d.get("solved")), on_path=n in on_path, fill=fill, dark=is_dark(fill),
-                      evicted=kv_evicted(d), cgee=d.get("cgee"), asks_from=sorted(asks_in.get(n, [])),
-                      visits=int(d.get("visits") or 0), kv_reused=d.get("kv_reused"), kv_prompt=d.get("kv_prompt"))
+        m = NodeMarks(
+            id=n,
+            depth=int(d.get("depth", 0)),
+            status=str(d.get("status", "frontier")),
+            score=score,
+            solved=bool(d.get("solved")),
+            on_path=n in on_path,
+            fill=fill,
+            dark=is_dark(fill),
+            evicted=kv_evicted(d),
+            cgee=d.get("cgee"),
+            asks_from=sorted(asks_in.get(n, [])),
+            visits=int(d.get("visits") or 0),
+            kv_reused=d.get("kv_reused"),
+            kv_prompt=d.get("kv_prompt"),
+        )
         if m.visits:
             m.mean_value = float(d.get("value_sum") or 0.0) / m.visits
         chain = kv_chain(d)
@@ -245,7 +260,9 @@ def hover_text(n: int, d: dict, m: NodeMarks, width: int = 300) -> str:
     lines = [f"#{n} · depth {m.depth} · {m.status}" + (" · solved" if m.solved else "")]
     thought = d.get("thought") or ("(root)" if m.depth == 0 else "")
     lines.append(f"thought: {_clip(thought, width)}")
-    lines.append(f"state: {_clip(repr(d.get('state')) if not isinstance(d.get('state'), str) else d['state'], width)}")
+    lines.append(
+        f"state: {_clip(repr(d.get('state')) if not isinstance(d.get('state'), str) else d['state'], width)}"
+    )
     score = "not evaluated" if m.score is None else f"{m.score:.4g}"
     probs = d.get("label_probs")
     if isinstance(probs, dict) and probs:

@@ -32,11 +32,13 @@ def tree_html(tree: Any, max_nodes: int | None = DEFAULT_MAX_NODES, max_height: 
         return "<div><em>ThoughtTree (empty)</em></div>"
     svg = render_svg(tree, max_nodes)
     shown = _attr_int(svg, "data-shown")
-    return (f'<div class="treesearch" style="font-family:Helvetica,Arial,sans-serif;font-size:12px">'
-            f'<div style="margin:2px 0">{escape(header_text(tree, shown))}</div>'
-            f'<div>{legend_svg(tree)}</div>'
-            f'<div style="overflow:auto;max-height:{max_height}px;border:1px solid #e4e4e4">{svg}</div>'
-            f'<div style="color:#666;margin-top:2px">hover a node for its thought, state and marks</div></div>')
+    return (
+        f'<div class="treesearch" style="font-family:Helvetica,Arial,sans-serif;font-size:12px">'
+        f'<div style="margin:2px 0">{escape(header_text(tree, shown))}</div>'
+        f"<div>{legend_svg(tree)}</div>"
+        f'<div style="overflow:auto;max-height:{max_height}px;border:1px solid #e4e4e4">{svg}</div>'
+        f'<div style="color:#666;margin-top:2px">hover a node for its thought, state and marks</div></div>'
+    )
 
 
 def page_html(tree: Any, title: str | None = None, max_nodes: int | None = DEFAULT_MAX_NODES) -> str:
@@ -44,17 +46,20 @@ def page_html(tree: Any, title: str | None = None, max_nodes: int | None = DEFAU
     title = title or header_text(tree)
     body = tree_html(tree, max_nodes, max_height=100_000) if len(tree.graph) else "<p>(empty tree)</p>"
     listing = escape(tree.text_view(max_nodes=400, width=140)) if len(tree.graph) else ""
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">"
-            f"<title>{escape(title)}</title>"
-            "<style>body{font-family:Helvetica,Arial,sans-serif;margin:16px;color:#111}"
-            "pre{font-size:11px;background:#f7f7f7;padding:8px;overflow:auto}</style></head><body>"
-            f"{body}"
-            f"<details><summary>text view</summary><pre>{listing}</pre></details></body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        f"<title>{escape(title)}</title>"
+        "<style>body{font-family:Helvetica,Arial,sans-serif;margin:16px;color:#111}"
+        "pre{font-size:11px;background:#f7f7f7;padding:8px;overflow:auto}</style></head><body>"
+        f"{body}"
+        f"<details><summary>text view</summary><pre>{listing}</pre></details></body></html>\n"
+    )
 
 
-def write_html(tree: Any, path: str | Path, title: str | None = None,
-               max_nodes: int | None = DEFAULT_MAX_NODES) -> Path:
+def write_html(
+    tree: Any, path: str | Path, title: str | None = None, max_nodes: int | None = DEFAULT_MAX_NODES
+) -> Path:
     """Write `page_html` to path (atomically) and return the path."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
@@ -69,4 +74,4 @@ def _attr_int(svg: str, name: str) -> int | None:
     if i < 0:
         return None
     j = svg.find('"', i + len(key))
-    return int(svg[i + len(key):j])
+    return int(svg[i + len(key) : j])

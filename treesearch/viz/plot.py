@@ -14,8 +14,14 @@ from treesearch.viz.marks import VIRIDIS, score_scale, short_score
 from treesearch.viz.svg import GOLD, PURPLE, border, tree_view
 
 
-def plot_tree(tree: Any, ax: Any = None, *, max_nodes: int | None = DEFAULT_MAX_NODES, label_nodes: int = 40,
-              title: str | None = None) -> Any:
+def plot_tree(
+    tree: Any,
+    ax: Any = None,
+    *,
+    max_nodes: int | None = DEFAULT_MAX_NODES,
+    label_nodes: int = 40,
+    title: str | None = None,
+) -> Any:
     """Draw the tree on `ax` (a new figure sized to the tree when None); returns the axes."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import LinearSegmentedColormap, LogNorm, Normalize
@@ -38,31 +44,88 @@ def plot_tree(tree: Any, ax: Any = None, *, max_nodes: int | None = DEFAULT_MAX_
         asks = (p, n) in asks_edges
         colour, lw, ls = (GOLD, 2.6, "-") if on else ((PURPLE, 1.2, "--") if asks else ("#9a9a9a", 0.9, "-"))
         (x1, y1), (x2, y2) = pos[p], pos[n]
-        ax.plot([x1, x1, x2, x2], [y1 - 0.18, (y1 + y2) / 2, (y1 + y2) / 2, y2 + 0.18], color=colour, lw=lw, ls=ls,
-                zorder=1, solid_capstyle="round")
+        ax.plot(
+            [x1, x1, x2, x2],
+            [y1 - 0.18, (y1 + y2) / 2, (y1 + y2) / 2, y2 + 0.18],
+            color=colour,
+            lw=lw,
+            ls=ls,
+            zorder=1,
+            solid_capstyle="round",
+        )
     for u, v, _ in st.asks:
         if u in pos and v in pos and st.parent.get(v) != u:
-            ax.annotate("", xy=pos[v], xytext=pos[u], zorder=1, arrowprops=dict(
-                arrowstyle="-", ls="--", color=PURPLE, lw=1.2, connectionstyle="arc3,rad=-0.3"))
+            ax.annotate(
+                "",
+                xy=pos[v],
+                xytext=pos[u],
+                zorder=1,
+                arrowprops=dict(
+                    arrowstyle="-", ls="--", color=PURPLE, lw=1.2, connectionstyle="arc3,rad=-0.3"
+                ),
+            )
     for n, (x, y) in sorted(pos.items()):
         m = marks[n]
         edge, width, dashed, alpha = border(m)
         lw, ls = {1: 0.8, 2: 1.8, 3: 2.6}[width], "--" if dashed else "-"
-        ax.add_patch(FancyBboxPatch((x - 0.36, y - 0.15), 0.72, 0.3, boxstyle="round,pad=0.02,rounding_size=0.06",
-                                    facecolor=m.fill, edgecolor=edge, lw=lw, ls=ls, alpha=alpha, zorder=2))
-        ax.text(x, y, short_score(m.score), ha="center", va="center", fontsize=7, zorder=3, alpha=alpha,
-                color="white" if m.dark else "black")
+        ax.add_patch(
+            FancyBboxPatch(
+                (x - 0.36, y - 0.15),
+                0.72,
+                0.3,
+                boxstyle="round,pad=0.02,rounding_size=0.06",
+                facecolor=m.fill,
+                edgecolor=edge,
+                lw=lw,
+                ls=ls,
+                alpha=alpha,
+                zorder=2,
+            )
+        )
+        ax.text(
+            x,
+            y,
+            short_score(m.score),
+            ha="center",
+            va="center",
+            fontsize=7,
+            zorder=3,
+            alpha=alpha,
+            color="white" if m.dark else "black",
+        )
         if len(pos) <= label_nodes:
             thought = str(tree.graph.nodes[n].get("thought") or "")
             if thought:
-                ax.text(x, y - 0.24, _short(thought), ha="center", va="top", fontsize=6, color="#333333",
-                        alpha=alpha, zorder=3)
+                ax.text(
+                    x,
+                    y - 0.24,
+                    _short(thought),
+                    ha="center",
+                    va="top",
+                    fontsize=6,
+                    color="#333333",
+                    alpha=alpha,
+                    zorder=3,
+                )
     for n, hidden in lay.folds.items():
         fx, fy = lay.fold_x[n], -(lay.y[n] + 1)
         ax.plot([pos[n][0], fx], [pos[n][1] - 0.18, fy + 0.12], color="#c8c8c8", lw=0.8, ls=":", zorder=1)
-        ax.text(fx, fy, f"+{len(hidden)}", ha="center", va="center", fontsize=7, color="#555555",
-                bbox=dict(boxstyle="round,pad=0.25", fc="#f2f2f2", ec="#b0b0b0"), zorder=2)
-    norm = LogNorm(scale.lo, scale.hi) if scale.log else Normalize(scale.lo, scale.hi if scale.hi > scale.lo else scale.lo + 1)
+        ax.text(
+            fx,
+            fy,
+            f"+{len(hidden)}",
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="#555555",
+            bbox=dict(boxstyle="round,pad=0.25", fc="#f2f2f2", ec="#b0b0b0"),
+            zorder=2,
+        )
+    norm = (
+        LogNorm(scale.lo, scale.hi)
+        if scale.log
+        else Normalize(scale.lo, scale.hi if scale.hi > scale.lo else scale.lo + 1)
+    )
     sm = plt.cm.ScalarMappable(norm=norm, cmap=cmap)
     ax.figure.colorbar(sm, ax=ax, fraction=0.025, pad=0.01, label="score")
     ax.set_xlim(-0.7, max(lay.columns, 1) - 0.3)

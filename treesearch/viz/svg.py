@@ -20,7 +20,16 @@ from html import escape
 from typing import Any
 
 from treesearch.viz.layout import DEFAULT_MAX_NODES, Layout, keep_set, layout
-from treesearch.viz.marks import VIRIDIS, NodeMarks, Structure, cgee_badge, node_marks, score_scale, short_score, structure
+from treesearch.viz.marks import (
+    VIRIDIS,
+    NodeMarks,
+    Structure,
+    cgee_badge,
+    node_marks,
+    score_scale,
+    short_score,
+    structure,
+)
 
 SLOT = 54  # px per column
 ROW = 74  # px per row
@@ -31,7 +40,9 @@ SHARED, OWN, EVICTED = "#2ca02c", "#ff7f0e", "#d62728"
 _serial = itertools.count(1)
 
 
-def tree_view(tree: Any, max_nodes: int | None = DEFAULT_MAX_NODES) -> tuple[Structure, dict[int, NodeMarks], Layout]:
+def tree_view(
+    tree: Any, max_nodes: int | None = DEFAULT_MAX_NODES
+) -> tuple[Structure, dict[int, NodeMarks], Layout]:
     """Structure, marks and layout of a ThoughtTree (what both the SVG and the plot draw)."""
     st = structure(tree.graph)
     marks = node_marks(tree.graph, tree.meta, st)
@@ -44,12 +55,14 @@ def render_svg(tree: Any, max_nodes: int | None = DEFAULT_MAX_NODES) -> str:
     width = max(lay.columns, 1) * SLOT + 2 * PAD_X
     height = max(lay.rows - 1, 0) * ROW + PAD_TOP + PAD_BOTTOM + BOX_H
     uid = f"ts{next(_serial)}"
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="treesearch-tree" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="Helvetica, Arial, sans-serif" font-size="11" '
-           f'data-nodes="{len(tree.graph)}" data-shown="{len(lay.x)}" data-folded="{lay.folded}" role="img" '
-           f'aria-label="thought tree with {len(tree.graph)} nodes">',
-           f'<defs><pattern id="{uid}-ev" width="4" height="4" patternUnits="userSpaceOnUse">'
-           f'<path d="M0,4 L4,0" stroke="{EVICTED}" stroke-width="1"/></pattern></defs>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="treesearch-tree" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="Helvetica, Arial, sans-serif" font-size="11" '
+        f'data-nodes="{len(tree.graph)}" data-shown="{len(lay.x)}" data-folded="{lay.folded}" role="img" '
+        f'aria-label="thought tree with {len(tree.graph)} nodes">',
+        f'<defs><pattern id="{uid}-ev" width="4" height="4" patternUnits="userSpaceOnUse">'
+        f'<path d="M0,4 L4,0" stroke="{EVICTED}" stroke-width="1"/></pattern></defs>',
+    ]
     pos = {n: _px(lay, n) for n in lay.x}
     out.append('<g class="edges" fill="none">')
     asks_edges = {(u, v) for u, v, _ in st.asks}
@@ -59,15 +72,23 @@ def render_svg(tree: Any, max_nodes: int | None = DEFAULT_MAX_NODES) -> str:
             continue
         on = marks[n].on_path and marks[p].on_path
         asks = (p, n) in asks_edges
-        colour, w, dash = (GOLD, 3, "") if on else ((PURPLE, 1.5, ' stroke-dasharray="5 3"') if asks else ("#9a9a9a", 1.2, ""))
+        colour, w, dash = (
+            (GOLD, 3, "")
+            if on
+            else ((PURPLE, 1.5, ' stroke-dasharray="5 3"') if asks else ("#9a9a9a", 1.2, ""))
+        )
         out.append(f'<path d="{_edge(pos[p], pos[n])}" stroke="{colour}" stroke-width="{w}"{dash}/>')
     for n, hidden in lay.folds.items():
-        out.append(f'<path d="{_edge(pos[n], _fold_px(lay, n))}" stroke="#c8c8c8" stroke-width="1" stroke-dasharray="2 2"/>')
+        out.append(
+            f'<path d="{_edge(pos[n], _fold_px(lay, n))}" stroke="#c8c8c8" stroke-width="1" stroke-dasharray="2 2"/>'
+        )
     for u, v, val in st.asks:
         if u in pos and v in pos and st.parent.get(v) != u:
-            out.append(f'<path class="asks" d="{_arc(pos[u], pos[v])}" stroke="{PURPLE}" stroke-width="1.5" '
-                       f'stroke-dasharray="5 3"><title>ASKS: #{v} attached to the K/V of #{u}'
-                       f'{_sigma(val)}</title></path>')
+            out.append(
+                f'<path class="asks" d="{_arc(pos[u], pos[v])}" stroke="{PURPLE}" stroke-width="1.5" '
+                f'stroke-dasharray="5 3"><title>ASKS: #{v} attached to the K/V of #{u}'
+                f"{_sigma(val)}</title></path>"
+            )
     out.append("</g>")
     for n in sorted(lay.x):
         out.append(_node_svg(marks[n], pos[n], uid))
@@ -97,7 +118,9 @@ def _arc(a: tuple[float, float], b: tuple[float, float]) -> str:
     (x1, y1), (x2, y2) = a, b
     lift = 18 + abs(x2 - x1) * 0.15
     top = min(y1, y2) - BOX_H / 2 - lift
-    return f"M{x1:.1f},{y1 - BOX_H / 2:.1f} C{x1:.1f},{top:.1f} {x2:.1f},{top:.1f} {x2:.1f},{y2 - BOX_H / 2:.1f}"
+    return (
+        f"M{x1:.1f},{y1 - BOX_H / 2:.1f} C{x1:.1f},{top:.1f} {x2:.1f},{top:.1f} {x2:.1f},{y2 - BOX_H / 2:.1f}"
+    )
 
 
 def _sigma(val: Any) -> str:
@@ -125,22 +148,30 @@ def _node_svg(m: NodeMarks, xy: tuple[float, float], uid: str) -> str:
     stroke, sw, dashed, opacity = border(m)
     dash = ' stroke-dasharray="3 2"' if dashed else ""
     text = "#ffffff" if m.dark else "#111111"
-    parts = [f'<g class="node status-{escape(m.status)}" data-id="{m.id}" data-status="{escape(m.status)}" '
-             f'opacity="{opacity}"><title>{escape(m.title)}</title>',
-             f'<rect x="{left:.1f}" y="{top:.1f}" width="{BOX_W}" height="{BOX_H}" rx="5" fill="{m.fill}" '
-             f'stroke="{stroke}" stroke-width="{sw}"{dash}/>',
-             f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle" fill="{text}">{escape(short_score(m.score))}</text>']
+    parts = [
+        f'<g class="node status-{escape(m.status)}" data-id="{m.id}" data-status="{escape(m.status)}" '
+        f'opacity="{opacity}"><title>{escape(m.title)}</title>',
+        f'<rect x="{left:.1f}" y="{top:.1f}" width="{BOX_W}" height="{BOX_H}" rx="5" fill="{m.fill}" '
+        f'stroke="{stroke}" stroke-width="{sw}"{dash}/>',
+        f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle" fill="{text}">{escape(short_score(m.score))}</text>',
+    ]
     if m.status == "solution":
-        parts.append(f'<text x="{left - 2:.1f}" y="{top + 2:.1f}" font-size="14" fill="{GOLD}" '
-                     f'text-anchor="middle">★</text>')
+        parts.append(
+            f'<text x="{left - 2:.1f}" y="{top + 2:.1f}" font-size="14" fill="{GOLD}" '
+            f'text-anchor="middle">★</text>'
+        )
     if m.kv_tokens:
         parts.append(_kv_bar(m, left, top + BOX_H + 2, uid))
     badge = cgee_badge(m.cgee)
     if badge:
-        parts.append(f'<text class="cgee" x="{left + BOX_W:.1f}" y="{top - 3:.1f}" text-anchor="end" font-size="9" '
-                     f'fill="{BLUE}">{escape(badge)}</text>')
+        parts.append(
+            f'<text class="cgee" x="{left + BOX_W:.1f}" y="{top - 3:.1f}" text-anchor="end" font-size="9" '
+            f'fill="{BLUE}">{escape(badge)}</text>'
+        )
     if m.asks_from:
-        parts.append(f'<text class="asks-mark" x="{left:.1f}" y="{top - 3:.1f}" font-size="9" fill="{PURPLE}">asks</text>')
+        parts.append(
+            f'<text class="asks-mark" x="{left:.1f}" y="{top - 3:.1f}" font-size="9" fill="{PURPLE}">asks</text>'
+        )
     parts.append("</g>")
     return "".join(parts)
 
@@ -148,12 +179,16 @@ def _node_svg(m: NodeMarks, xy: tuple[float, float], uid: str) -> str:
 def _kv_bar(m: NodeMarks, left: float, top: float, uid: str) -> str:
     w_shared = BOX_W * m.kv_shared / m.kv_tokens
     if m.evicted:
-        return (f'<rect class="kv evicted" x="{left:.1f}" y="{top:.1f}" width="{BOX_W}" height="4" '
-                f'fill="url(#{uid}-ev)" stroke="{EVICTED}" stroke-width="0.6"/>'
-                f'<text x="{left + BOX_W + 2:.1f}" y="{top + 5:.1f}" font-size="8" fill="{EVICTED}">ev</text>')
-    return (f'<rect class="kv shared" x="{left:.1f}" y="{top:.1f}" width="{w_shared:.1f}" height="4" fill="{SHARED}"/>'
-            f'<rect class="kv own" x="{left + w_shared:.1f}" y="{top:.1f}" width="{BOX_W - w_shared:.1f}" height="4" '
-            f'fill="{OWN}"/>')
+        return (
+            f'<rect class="kv evicted" x="{left:.1f}" y="{top:.1f}" width="{BOX_W}" height="4" '
+            f'fill="url(#{uid}-ev)" stroke="{EVICTED}" stroke-width="0.6"/>'
+            f'<text x="{left + BOX_W + 2:.1f}" y="{top + 5:.1f}" font-size="8" fill="{EVICTED}">ev</text>'
+        )
+    return (
+        f'<rect class="kv shared" x="{left:.1f}" y="{top:.1f}" width="{w_shared:.1f}" height="4" fill="{SHARED}"/>'
+        f'<rect class="kv own" x="{left + w_shared:.1f}" y="{top:.1f}" width="{BOX_W - w_shared:.1f}" height="4" '
+        f'fill="{OWN}"/>'
+    )
 
 
 def _fold_svg(n: int, hidden: list[int], marks: dict[int, NodeMarks], xy: tuple[float, float]) -> str:
@@ -163,16 +198,20 @@ def _fold_svg(n: int, hidden: list[int], marks: dict[int, NodeMarks], xy: tuple[
     best = f", best score {max(scores):.4g}" if scores else ""
     ids = ", ".join(f"#{h}" for h in hidden[:40]) + (" …" if len(hidden) > 40 else "")
     title = f"{len(hidden)} nodes folded under #{n} ({pruned} pruned{best}): {ids}"
-    return (f'<g class="fold" data-parent="{n}" data-count="{len(hidden)}"><title>{escape(title)}</title>'
-            f'<rect x="{x - 18:.1f}" y="{y - 9:.1f}" width="36" height="18" rx="9" fill="#f2f2f2" stroke="#b0b0b0"/>'
-            f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle" fill="#555555">+{len(hidden)}</text></g>')
+    return (
+        f'<g class="fold" data-parent="{n}" data-count="{len(hidden)}"><title>{escape(title)}</title>'
+        f'<rect x="{x - 18:.1f}" y="{y - 9:.1f}" width="36" height="18" rx="9" fill="#f2f2f2" stroke="#b0b0b0"/>'
+        f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle" fill="#555555">+{len(hidden)}</text></g>'
+    )
 
 
 def legend_svg(tree: Any) -> str:
     """A one-line legend: the score colour range and every mark the tree view uses."""
     scale = score_scale(tree.graph)
     uid = f"ts{next(_serial)}"
-    stops = "".join(f'<stop offset="{i / (len(VIRIDIS) - 1):.3f}" stop-color="{c}"/>' for i, c in enumerate(VIRIDIS))
+    stops = "".join(
+        f'<stop offset="{i / (len(VIRIDIS) - 1):.3f}" stop-color="{c}"/>' for i, c in enumerate(VIRIDIS)
+    )
     x, items = 0.0, []
 
     def text(t: str, colour: str = "#111111") -> None:
@@ -188,9 +227,15 @@ def legend_svg(tree: Any) -> str:
     text(f"score {scale.lo:.3g}")
     swatch(f'<rect x="{{x}}" y="4" width="70" height="12" fill="url(#{uid}-g)"/>', 70)
     text(f"{scale.hi:.3g}" + (" (log)" if scale.log else ""))
-    for label, stroke, extra in (("solution", GOLD, ' stroke-width="3"'), ("pruned", GREY, ' stroke-dasharray="3 2" opacity="0.6"'),
-                                 ("frontier", BLUE, ' stroke-dasharray="3 2"')):
-        swatch(f'<rect x="{{x}}" y="4" width="18" height="12" rx="3" fill="#ffffff" stroke="{stroke}"{extra}/>', 18)
+    for label, stroke, extra in (
+        ("solution", GOLD, ' stroke-width="3"'),
+        ("pruned", GREY, ' stroke-dasharray="3 2" opacity="0.6"'),
+        ("frontier", BLUE, ' stroke-dasharray="3 2"'),
+    ):
+        swatch(
+            f'<rect x="{{x}}" y="4" width="18" height="12" rx="3" fill="#ffffff" stroke="{stroke}"{extra}/>',
+            18,
+        )
         text(label)
     swatch(f'<rect x="{{x}}" y="8" width="12" height="4" fill="{SHARED}"/>', 12)
     x -= 4
@@ -202,9 +247,13 @@ def legend_svg(tree: Any) -> str:
     text("skip L12", BLUE)
     x -= 6
     text("CGEE")
-    swatch(f'<path d="M{{x}},10 L{{x2}},10" stroke="{PURPLE}" stroke-width="1.5" stroke-dasharray="5 3"/>', 24)
+    swatch(
+        f'<path d="M{{x}},10 L{{x2}},10" stroke="{PURPLE}" stroke-width="1.5" stroke-dasharray="5 3"/>', 24
+    )
     text("ASKS")
     text("+k folded")
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="treesearch-legend" width="{x:.0f}" height="20" '
-            f'font-family="Helvetica, Arial, sans-serif" font-size="11"><defs><linearGradient id="{uid}-g">{stops}'
-            f'</linearGradient></defs>{"".join(items)}</svg>')
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="treesearch-legend" width="{x:.0f}" height="20" '
+        f'font-family="Helvetica, Arial, sans-serif" font-size="11"><defs><linearGradient id="{uid}-g">{stops}'
+        f"</linearGradient></defs>{''.join(items)}</svg>"
+    )
