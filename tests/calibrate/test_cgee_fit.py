@@ -162,7 +162,7 @@ def test_unseen_mask_restricts_the_call_counts():
 
 
 def test_choice_rows_with_3_to_5_choices_are_padded_not_dropped(tiny_lm):
-    from treesearch.calibrate.cgee_fit import choice_prompt, collect_choice
+    from treesearch.calibrate.sets import choice_prompt, collect_choice
     from treesearch.tasks.datasets import load_arc
 
     ds = collect_choice(tiny_lm, "arc", 834, 838, log=lambda m: None)  # row 836 has 5 choices, the rest 4
@@ -188,7 +188,7 @@ class AnyMove:
     def make():
         import re
 
-        from treesearch.calibrate.cgee_fit import legal_moves
+        from treesearch.calibrate.sets import legal_moves
         from treesearch.core.problem import Child
         from treesearch.tasks.game24 import Game24, Game24State
 

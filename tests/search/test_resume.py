@@ -14,7 +14,8 @@ from reliability_problems import (
     Words,
     assert_same_tree,
     tree_data,
-)  # one_thread: autouse fixture
+)
+from reliability_problems import one_thread  # noqa: F401  (an autouse fixture)
 
 import strategies
 from treesearch import ResumeError, RKSCConfig, Searcher, SearchResult
