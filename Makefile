@@ -61,6 +61,9 @@ demo: setup
 	$(VENV)/bin/treesearch solve game24 "$(PUZZLE)"
 
 test: $(VENV)/.treesearch-test-installed
+	$(PY) -m ruff check treesearch strategies tests examples
+	$(PY) -m ruff format --check treesearch strategies tests examples notebooks/execute.py
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 bench: setup

@@ -29,7 +29,7 @@ Moves:
 14 - 8 = 6 (left: 2 6 8)
 Numbers: {numbers}
 Moves:
-"""
+"""  # noqa: E501  (prompt text)
 
 MY_VALUE = """Say whether the numbers can still make 24: sure, likely or impossible.
 Numbers: 4 6

@@ -9,7 +9,7 @@
 
 All use the default model (SmolLM2-135M-Instruct, fp32, CPU unless --device). Timings are for
 information only (no test depends on them).
-"""
+"""  # noqa: E501  (command lines, kept whole)
 
 from __future__ import annotations
 

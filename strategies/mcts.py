@@ -115,6 +115,7 @@ class MCTS:
         score = float("-inf") if d["score"] is None else d["score"]
         q = self._q(searcher, c) if d["visits"] else 0.0
         if puct:
+            assert prior is not None  # puct: every child has a prior
             key = q + self.exploration * prior * math.sqrt(parent_visits) / (1 + d["visits"])
         elif d["visits"] == 0:
             key = math.inf

@@ -1,5 +1,5 @@
-"""The server backend (`treesearch.backends.server.ServerEngine`) against local stand-ins (fast, exact: what is
-sent, how answers map onto results and counters, how failures surface) and against a real
+"""The server backend (`treesearch.backends.server.ServerEngine`) against local stand-ins (fast, exact:
+what is sent, how answers map onto results and counters, how failures surface) and against a real
 llama.cpp server (llama-cpp-python) serving the default GGUF model (`llama_server` fixture in
 conftest.py: searches complete, labels are a distribution, decisions agree with our engine, the
 server's prefix cache works on the few-shot templates). All traffic goes to 127.0.0.1."""

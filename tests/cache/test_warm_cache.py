@@ -13,7 +13,10 @@ TEMPLATE = (
     "Plan a trip one stop at a time. Each stop names a town and what to see there. "
     "Example: Avignon, the bridge. Example: Arles, the arena. Example: Nimes, the temple. Trip so far:"
 )
-VALUE = "Judge whether the trip is good. Example: Avignon, Arles. Verdict: yes. Example: Paris, Paris. Verdict: no. Trip:"
+VALUE = (
+    "Judge whether the trip is good. Example: Avignon, Arles. Verdict: yes. "
+    "Example: Paris, Paris. Verdict: no. Trip:"
+)
 
 
 class Trip(Problem):

@@ -64,7 +64,8 @@ ERRORS = [
     ),
     (
         ["solve", "game24", "4 5 6 10", "--kv", "bogus"],
-        "argument --kv: invalid choice: 'bogus' (choose from 'off', 'exact', 'asks'); see treesearch solve --help",
+        "argument --kv: invalid choice: 'bogus' (choose from 'off', 'exact', 'asks'); "
+        "see treesearch solve --help",
     ),
     (
         ["solve", "game24", "4 5 6 10", "--breadth", "two"],

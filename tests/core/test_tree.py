@@ -53,7 +53,10 @@ def test_text_view_shows_status_score_and_thought():
 
 
 def test_help_does_not_import_torch():
-    code = "import sys; from treesearch.cli.main import main\ntry:\n main(['--help'])\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
+    code = (
+        "import sys; from treesearch.cli.main import main\ntry:\n main(['--help'])\n"
+        "except SystemExit: pass\nprint('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("False")
 

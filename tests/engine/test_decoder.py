@@ -41,9 +41,9 @@ def decode_both(lm, prompts: list[str], cached: list[str], sampling: Sampling, p
         steps: list[torch.Tensor] = []
         step = eng.forward.step
 
-        def record(*a, _step=step, **kw):
+        def record(*a, _step=step, _steps=steps, **kw):
             logits = _step(*a, **kw)
-            steps.append(logits.clone())
+            _steps.append(logits.clone())
             return logits
 
         eng.forward.step = record
@@ -145,9 +145,9 @@ def test_the_last_row_left_reads_its_padded_buffer_masked(tiny_lm, monkeypatch):
         steps: list[torch.Tensor] = []
         step = eng.forward.step
 
-        def record(batch, toks, *a, _step=step, **kw):
+        def record(batch, toks, *a, _step=step, _steps=steps, **kw):
             logits = _step(batch, toks, *a, **kw)
-            steps.append(logits.clone())
+            _steps.append(logits.clone())
             return logits
 
         eng.forward.step = record

@@ -22,7 +22,7 @@ NUMBERS = ["4 5 6", "4 6 6", "2 5 6", "3 3 8"]
 def test_sigma_is_one_for_identical_states_and_a_weighted_mean_of_cosines():
     h = torch.randn(4, 8)
     assert asks.sigma(h, h.clone(), alpha=2.0) == 1.0
-    w = [math.exp(2.0 * l / 4) for l in (1, 2, 3, 4)]
+    w = [math.exp(2.0 * lv / 4) for lv in (1, 2, 3, 4)]
     assert asks.layer_weights(4, 2.0).tolist() == pytest.approx(w)
     a = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
     b = torch.tensor([[0.0, 1.0], [1.0, 0.0]])  # layer 1 orthogonal, layer 2 identical

@@ -102,9 +102,9 @@ def test_greedy_sampling_with_several_samples_warns_once_naming_temperature(tiny
         for _ in range(3):  # the same line three times: one warning
             Searcher(tiny_lm, ThreeGreedySamples(), progress=False)
     assert [str(w.message) for w in caught] == [
-        "ThreeGreedySamples.samples_per_expand=3 with greedy sampling (temperature=0): the 3 generations of a node "
-        "are identical and merge into one child; sample with a temperature > 0 (e.g. Sampling(temperature=0.7) or "
-        "--temperature 0.7) or set samples_per_expand=1"
+        "ThreeGreedySamples.samples_per_expand=3 with greedy sampling (temperature=0): the 3 generations of "
+        "a node are identical and merge into one child; sample with a temperature > 0 (e.g. "
+        "Sampling(temperature=0.7) or --temperature 0.7) or set samples_per_expand=1"
     ]
     assert caught[0].category is UserWarning and caught[0].filename == __file__
 
@@ -128,8 +128,8 @@ def test_saving_a_set_state_raises_naming_state_to_json_and_writes_nothing(tiny_
         result.save(path)
     assert str(info.value) == (
         "SetLetters: a state of type frozenset cannot be saved as JSON (Object of type frozenset is not JSON "
-        "serializable); define SetLetters.state_to_json(state) returning JSON data (dict, list, str, numbers) and "
-        "SetLetters.state_from_json(data) rebuilding the state"
+        "serializable); define SetLetters.state_to_json(state) returning JSON data (dict, list, str, "
+        "numbers) and SetLetters.state_from_json(data) rebuilding the state"
     )
     assert not path.exists() and list(tmp_path.iterdir()) == []
 

@@ -13,9 +13,9 @@ from reliability_problems import (
     FailAt,
     Words,
     assert_same_tree,
+    one_thread,  # noqa: F401  (an autouse fixture)
     tree_data,
 )
-from reliability_problems import one_thread  # noqa: F401  (an autouse fixture)
 
 import strategies
 from treesearch import ResumeError, RKSCConfig, Searcher, SearchResult

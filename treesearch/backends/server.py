@@ -22,7 +22,8 @@ time, so the server can batch them):
   `finish` is "length", or "stop" where the server reports a stop string, else "eos".
 - score: `max_tokens=1`, `temperature=0`, `logprobs=top_logprobs` (default 20): the next token's
   top-k log-probabilities. A label's probability is that of its first token (the local engine
-  scores whole label sequences), found in the top-k by the token's text. A label whose first token is not in the top-k
+  scores whole label sequences), found in the top-k by the token's text. A label whose first token is not
+  in the top-k
   gets the floor probability min(`label_floor`, smallest top-k probability) (default floor 1e-6:
   never above a listed token), counted in `stats.label_floor_hits`; `Score.probs` is renormalised
   over the labels, so it is always a distribution.
@@ -260,7 +261,8 @@ class ServerEngine:
         keys = [self.label_key(lab) for lab in labels]
         if len(set(keys)) != len(keys):
             raise ProblemDefinitionError(
-                f"labels {list(labels)} do not start with distinct tokens (first tokens {keys}); pick words whose "
+                f"labels {list(labels)} do not start with distinct tokens (first tokens {keys}); pick words "
+                "whose "
                 "first token differs, e.g. with a leading space: ' sure', ' likely', ' impossible'"
             )
         charge = per_row(len(prompts), stats, self.stats)
@@ -482,7 +484,8 @@ def _top_logprobs(logprobs: Any) -> dict[str, float]:
 
 def _generation(choice: dict, sampling: Sampling, prompt_tokens: int, cached: int) -> Generation:
     text = str(choice.get("text") or "")
-    lp = choice.get("logprobs") if isinstance(choice.get("logprobs"), dict) else {}
+    raw = choice.get("logprobs")
+    lp = raw if isinstance(raw, dict) else {}
     tokens = [str(t) for t in lp.get("tokens") or []]
     logprobs = [float(v) if v is not None else 0.0 for v in lp.get("token_logprobs") or []][: len(tokens)]
     offsets = token_char_offsets(text, tokens, lp.get("text_offset"))

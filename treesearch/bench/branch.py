@@ -49,7 +49,8 @@ def weighted_vote(answers: list[str | None], weights: list[float]) -> str | None
 
 
 def verifier(engine: Engine, config: RKSCConfig, model_name: str, task: str, out: RunResult) -> Verifier:
-    """The search's Verifier over " yes" / " no", with the CGEE thresholds of the task (noted when CGEE is on)."""
+    """The search's Verifier over " yes" / " no", with the CGEE thresholds of the task (noted when CGEE is
+    on)."""
     key = CALIBRATION_TASK.get(task, task)
     if config.cgee:
         out.note(cgee_thresholds_note(config, model_name, key))

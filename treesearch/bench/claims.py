@@ -85,7 +85,7 @@ def claim_speedup_nokv(docs: dict) -> dict:
     r = _ratios(docs, "rksc", "speedup_vs_nokv")
     mean = statistics.mean(r.values()) if r else None
     peak = max(r.items(), key=lambda kv: kv[1]) if r else None
-    ours = "—" if mean is None else f"{_x(mean)} mean, peak {_x(peak[1])} ({peak[0]})"
+    ours = "—" if mean is None or peak is None else f"{_x(mean)} mean, peak {_x(peak[1])} ({peak[0]})"
     verdict = speed_verdict(mean, 3.0)
     return {
         "claim": "RKSC speedup over no KV reuse",
@@ -171,7 +171,7 @@ def claim_asks_reuse(docs: dict) -> dict:
         verdict, reason = "not measured", ""
     elif gain >= TOLERANCE * 0.286:
         verdict, reason = "reproduced", ""
-    elif not ak.get("asks_attached"):
+    elif not ak or not ak.get("asks_attached"):
         verdict = "not reached on this model"
         reason = (
             f"the shipped ASKS gate attached nothing ({why or 'tau too high for these pairs'}); "
@@ -208,7 +208,8 @@ def claim_cgee(docs: dict) -> dict:
             "reason": "no shipped CGEE calibration with held-out figures",
         }
     parts = [
-        f"{t}: {h['skip_rate']:.1%} skipped, {h['layer_fraction']:.0%} of layers, {h['call_errors']} errors in "
+        f"{t}: {h['skip_rate']:.1%} skipped, {h['layer_fraction']:.0%} of layers, {h['call_errors']} errors "
+        "in "
         f"{h['calls']} (bound {h['call_error_upper95']:.2%})"
         for t, h in held.items()
     ]
@@ -260,7 +261,8 @@ def claim_across_models(docs: dict) -> dict:
             if mode(d, "nokv")
         }
         reason = (
-            f"largest / smallest = {value:.2f}x; the same work is saved on each (tokens computed nokv / exact: "
+            f"largest / smallest = {value:.2f}x; the same work is saved on each (tokens computed nokv / "
+            "exact: "
             + ", ".join(f"{m} {_x(v)}" for m, v in comp.items())
             + "), but a token costs "
             + ", ".join(f"{m} {v:.2f} ms" for m, v in per_tok.items())

@@ -22,13 +22,14 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from treesearch.common.config import RKSCConfig, Sampling
 from treesearch.engine.eos import eos_token_ids
 from treesearch.engine.local import Engine
 from treesearch.models.load import LanguageModel
 
-CB_SETTINGS = dict(
+CB_SETTINGS: dict[str, Any] = dict(
     allow_block_sharing=True,
     num_blocks=256,
     max_batch_tokens=512,
@@ -47,7 +48,8 @@ class ReplayResult:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     outputs: list[list[int]] = field(default_factory=list)
-    inputs: list[list[list[int]]] = field(default_factory=list)  # item -> call -> prompt ids per request
+    # item -> call -> prompt ids per request
+    inputs: list[list[list[list[int]]]] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
 
     @property
@@ -98,7 +100,7 @@ def replay_engine(
 
 
 def replay_hf(
-    lm: LanguageModel, inputs: list[list[list[int]]], max_new_tokens: int, *, ignore_eos: bool = False
+    lm: LanguageModel, inputs: list[list[list[list[int]]]], max_new_tokens: int, *, ignore_eos: bool = False
 ) -> ReplayResult:
     """transformers `generate_batch` with block sharing, greedy, one call per batch of prompt ids
     (ignore_eos: eos_token_id=-1, which generate_batch reads as "no EOS")."""

@@ -72,7 +72,8 @@ def parse_modes(text: str) -> list[str]:
 
 
 def rksc_config(cache_budget: int | None, model_name: str | None = None) -> RKSCConfig:
-    """exact (or asks: the model's shipped gate when it is open, or RKSCConfig's default) + CGEE + a cache budget."""
+    """exact (or asks: the model's shipped gate when it is open, or RKSCConfig's default) + CGEE + a cache
+    budget."""
     from treesearch.policies.asks_calibration import load_gate
 
     gate = load_gate(model_name) if model_name else None
@@ -119,8 +120,9 @@ def make_mode(name: str, cache_budget: int | None = None, model_name: str | None
         mode.notes.append("exact + CGEE only (no cache budget, no ASKS): compare its verify s with exact's")
         return mode
     if name == "rksc":
-        mode = Mode(name, rksc_config(cache_budget, model_name))
-        mode.notes += feature_notes(mode.config)
+        config = rksc_config(cache_budget, model_name)
+        mode = Mode(name, config)
+        mode.notes += feature_notes(config)
         return mode
     if name == "server":
         return Mode(name, RKSCConfig(kv_sharing="exact"))

@@ -36,7 +36,7 @@ MAX_NEW_TOKENS = 32
 STOP = ("\n\n", "\nFacts:", "\nQuestion:")
 SHARED_PART = """
 Instructions: read the facts and the question above carefully. The facts may be listed in any order, and every one of them matters. Solve the problem step by step. In each step, name the quantity you compute, write the calculation with the numbers from the facts, and give its result. Keep every step short. Do not repeat the question and do not add new facts. When the last step gives the quantity the question asks for, finish with the sentence "The answer is N." where N is that number, written without units.
-Reasoning: Step 1:"""
+Reasoning: Step 1:"""  # noqa: E501  (prompt text: the model sees these lines as they are)
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,8 @@ class ParaphraseItem:
 
 
 def split_facts(question: str) -> tuple[list[str], str]:
-    """("Janet has 3 ducks. Each lays 2 eggs. How many eggs?") -> (["Janet has 3 ducks.", "Each lays 2 eggs."], "How many eggs?")."""
+    """("Janet has 3 ducks. Each lays 2 eggs. How many eggs?") -> (["Janet has 3 ducks.", "Each lays 2
+    eggs."], "How many eggs?")."""
     sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", question.strip()) if s.strip()]
     return sentences[:-1], sentences[-1] if sentences else ""
 
@@ -71,7 +72,8 @@ def wording(facts: list[str], question: str, order: tuple[int, ...]) -> str:
 
 
 def load_items(start: int, end: int, k: int = WORDINGS) -> tuple[list[ParaphraseItem], int]:
-    """GSM8K test rows [start, end) with at least two facts, as k wordings each; and how many rows were left out."""
+    """GSM8K test rows [start, end) with at least two facts, as k wordings each; and how many rows were
+    left out."""
     if k < 2:
         raise SystemExit(f"--wordings {k}: ASKS needs at least 2 wordings per question")
     items, skipped = [], 0
@@ -122,7 +124,8 @@ def run_paraphrase(
     max_new_tokens: int | None = None,
     skipped: int = 0,
 ) -> RunResult:
-    """Per question: greedy reasoning for each wording (one call), verification (one call), a weighted vote."""
+    """Per question: greedy reasoning for each wording (one call), verification (one call), a weighted
+    vote."""
     del seed  # greedy: nothing is sampled
     max_new = max_new_tokens or MAX_NEW_TOKENS
     out = RunResult(max_new_tokens=max_new)

@@ -15,7 +15,7 @@ MATH_PROMPT = """Solve the math word problem. Reason step by step, then finish w
 Question: A baker makes 12 muffins in each batch. She bakes 3 batches and sells 20 muffins. How many muffins are left?
 Reasoning: She bakes 12 * 3 = 36 muffins. After selling, 36 - 20 = 16 muffins are left. The answer is 16.
 Question: {question}
-Reasoning:"""
+Reasoning:"""  # noqa: E501  (prompt text: the model sees these lines as they are)
 
 CHOICE_PROMPT = """Answer the multiple-choice question. Reason step by step, then finish with "The answer is (X)."
 Question: Which gas do plants take in from the air to make food?
@@ -26,7 +26,7 @@ Question: Which gas do plants take in from the air to make food?
 Reasoning: Plants use carbon dioxide, water and light in photosynthesis. The answer is (C).
 Question: {question}
 {choices}
-Reasoning:"""
+Reasoning:"""  # noqa: E501  (prompt text: the model sees these lines as they are)
 
 VERIFY_SUFFIX = "\nIs the reasoning above correct? Reply yes or no.\nReply:"
 VERIFY_LABELS = {" yes": 1.0, " no": 0.0}
@@ -38,7 +38,7 @@ Plan: Find the total pencils, then subtract the ones given away.
 Execute: 3 * 8 = 24 pencils. 24 - 5 = 19 pencils.
 Reflect: 3 boxes of 8 is 24, minus 5 is 19. The answer is 19.
 Question: {question}
-Plan:"""
+Plan:"""  # noqa: E501  (prompt text: the model sees these lines as they are)
 TREE_LEVELS = ("\nExecute:", "\nReflect:")  # text appended to a parent's context to start the next level
 TREE_STOP = ("\nExecute:", "\nReflect:", "\nQuestion:", "\nPlan:", "\n\n")
 

@@ -133,10 +133,10 @@ def build(runs: BenchRuns, meta: dict) -> dict:
     for name, entry in modes.items():
         if entry["status"] not in ("ok", "partial") or name == "hf-cb":
             continue
-        entry["speedup_vs_nokv"] = ratio(base and base["wall_s"], entry["wall_s"])
-        entry["speedup_vs_exact"] = ratio(ex and ex["wall_s"], entry["wall_s"])
-        entry["compute_vs_nokv"] = ratio(base and base["computed_tokens"], entry["computed_tokens"])
-        entry["verify_speedup_vs_exact"] = ratio(ex and ex["verify_s"], entry["verify_s"])
+        entry["speedup_vs_nokv"] = ratio(base["wall_s"] if base else None, entry["wall_s"])
+        entry["speedup_vs_exact"] = ratio(ex["wall_s"] if ex else None, entry["wall_s"])
+        entry["compute_vs_nokv"] = ratio(base["computed_tokens"] if base else None, entry["computed_tokens"])
+        entry["verify_speedup_vs_exact"] = ratio(ex["verify_s"] if ex else None, entry["verify_s"])
     ref_name = "nokv" if "nokv" in decisions else ("exact" if len(decisions) > 1 else None)
     ref = decisions.get(ref_name) if ref_name else None
     agree = {name: (agreement(d, ref) if ref is not None else None) for name, d in decisions.items()}
@@ -239,9 +239,11 @@ def markdown(doc: dict) -> str:
             "—" if e["verify_layers_run"] is None else f"{e['verify_layers_run']} / {e['verify_layers_full']}"
         )
         lines.append(
-            f"| {name} | {_f(e['wall_s'])} ± {_f(e['wall_s_spread'])} | {_f(e.get('inputs_per_hour'), '{:.0f}')} | "
+            f"| {name} | {_f(e['wall_s'])} ± {_f(e['wall_s_spread'])} | "
+            f"{_f(e.get('inputs_per_hour'), '{:.0f}')} | "
             f"{_f(e['speedup_vs_nokv'], '{:.2f}x')} | "
-            f"{_f(e['speedup_vs_exact'], '{:.2f}x')} | {_f(e['prefill_tokens'])} | {_f(e['decode_tokens'])} | "
+            f"{_f(e['speedup_vs_exact'], '{:.2f}x')} | {_f(e['prefill_tokens'])} | {_f(e['decode_tokens'])} "
+            "| "
             f"{_f(e['reused_tokens'])} | {_f(e['unique_tokens'])} | {_f(e['model_calls'])} | {ver} | {lay} | "
             f"{_f(kv, '{:.1f}')} | {_f(e['accuracy'])} | {_f(doc['agreement'].get(name))} | "
             f"{_f(e.get('verify_s'))} | {_f(e.get('verify_speedup_vs_exact'), '{:.2f}x')} |"
@@ -265,8 +267,10 @@ def markdown(doc: dict) -> str:
             "",
             "ASKS: "
             + "; ".join(
-                f"{n}: {e['asks_attached']} rows attached, {e.get('asks_extra_reused', 0)} tokens reused after the "
-                f"differing span, reused {e['reused_tokens']} vs exact {ex.get('reused_tokens', '—')}, decisions as "
+                f"{n}: {e['asks_attached']} rows attached, {e.get('asks_extra_reused', 0)} tokens reused "
+                "after the "
+                f"differing span, reused {e['reused_tokens']} vs exact {ex.get('reused_tokens', '—')}, "
+                "decisions as "
                 f"exact {_f((doc.get('agreement_vs_exact') or {}).get(n))}"
                 for n, e in asks
             ),

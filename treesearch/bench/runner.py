@@ -87,7 +87,7 @@ def run_all(
 
             mr.mode.backend = server
             mr.mode.notes += server_notes(server)
-    for name, mr in out.modes.items():
+    for mr in out.modes.values():
         if mr.error:
             continue
         try:
@@ -124,16 +124,16 @@ def _run_mode(lm: LanguageModel, workload: Workload, mode: Mode, tick: Tick, ret
     """One run; a budget too small for one batch is raised 1.5x and the run repeated (noted)."""
     from treesearch.common.errors import CacheBudgetError
 
+    config = mode.config
+    assert config is not None  # hf-cb (no config) is replayed, never run here
     for attempt in range(retries + 1):
         try:
-            return workload.run(mode.backend or lm, mode.config, tick, concurrency=mode.concurrency)
+            return workload.run(mode.backend or lm, config, tick, concurrency=mode.concurrency)
         except CacheBudgetError:
-            if mode.config.cache_budget is None or attempt == retries:
+            if config.cache_budget is None or attempt == retries:
                 raise
-            mode.config.cache_budget = int(mode.config.cache_budget * 1.5)
-            mode.notes.append(
-                f"CacheBudgetError: budget raised 1.5x to {mode.config.cache_budget} B and rerun"
-            )
+            config.cache_budget = int(config.cache_budget * 1.5)
+            mode.notes.append(f"CacheBudgetError: budget raised 1.5x to {config.cache_budget} B and rerun")
     raise AssertionError("unreachable")
 
 
@@ -144,8 +144,10 @@ def _set_budget(mode: Mode, exact: tuple[int, int] | None, fraction: float) -> N
 
     peak, least = exact or (0, 0)
     budget = max(1, int(peak * fraction), least) if peak and fraction > 0 else None
-    mode.config.cache_budget = budget
-    mode.notes[:] = feature_notes(mode.config)
+    config = mode.config
+    assert config is not None  # an rksc mode
+    config.cache_budget = budget
+    mode.notes[:] = feature_notes(config)
     if budget is not None:
         raised = f", raised to exact's least budget {least} B" if least > int(peak * fraction) else ""
         mode.notes.append(f"cache_budget = {fraction:g} x exact's peak KV bytes{raised}")
@@ -160,7 +162,9 @@ def _replay(
         None,
     )
     if source is None:  # hf-cb alone: record the requests with an untimed exact run
-        source = workload.run(lm, make_mode("exact").config, tick)
+        exact = make_mode("exact").config
+        assert exact is not None
+        source = workload.run(lm, exact, tick)
         mr.mode.notes.append("requests recorded by an untimed exact run")
     out.replay_tokens = replay_tokens or source.max_new_tokens
     fixed = bool(workload.options.get("ignore_eos"))

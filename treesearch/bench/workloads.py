@@ -145,7 +145,7 @@ def make_workload(
         )
     if name == "branch":
         task = task or "gsm8k"
-        loaders = {
+        loaders: dict[str, Callable[[int, int], list[Any]]] = {
             "gsm8k": datasets.load_gsm8k,
             "arc_challenge": datasets.load_arc,
             "mmlu_stem": datasets.load_mmlu_stem,

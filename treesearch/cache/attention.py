@@ -97,6 +97,7 @@ class BatchKV:
         self.k[layer, :, :, w:t] = k
         self.v[layer, :, :, w:t] = v
         qg = q.reshape(bsz, hkv, g * n, d)  # head h uses kv head h // g
+        assert self._mask is not None, "begin() sets the mask before a forward"
         mask = self._mask[:, None, None].expand(bsz, 1, g, n, t).reshape(bsz, 1, g * n, t)
         scores = torch.matmul(qg, self.k[layer, :, :, :t].transpose(-1, -2)) * scaling  # [B, Hkv, gn, T]
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -117,7 +118,7 @@ class BatchKV:
         if self._mask is not None:  # rows dropped inside a forward (CGEE per-row exit)
             self._mask = self._mask.index_select(0, idx)
         remap = {old: new for new, old in enumerate(keep)}
-        groups = []
+        groups: list[tuple[Any, int, torch.Tensor | None]] = []
         for kv, used, rows in self.groups:
             if rows is None:  # every row attends over it; still true for the rows kept
                 groups.append((kv, used, None))

@@ -233,8 +233,10 @@ class KVStore:
         assert seg.resident_len <= k <= len(seg.tokens), (
             f"segment {seg.id}: kv has {k} tokens, expected {seg.resident_len}..{len(seg.tokens)}"
         )
-        assert seg.parent is self.root or seg.parent.resident_len >= seg.parent_len, (
-            f"segment {seg.id}: parent {seg.parent.id} is evicted; refill ancestors first (note 5)"
+        parent = seg.parent
+        assert parent is not None, f"segment {seg.id}: refill of the root"
+        assert parent is self.root or parent.resident_len >= seg.parent_len, (
+            f"segment {seg.id}: parent {parent.id} is evicted; refill ancestors first (note 5)"
         )
         add = self.tokens_bytes(k) - self.resident_bytes(seg)
         if add > 0:
@@ -299,8 +301,10 @@ class KVStore:
         while self.bytes_held + self.reserved + nbytes > self.budget:
             if not heap:
                 raise CacheBudgetError(
-                    f"cache_budget={self.budget} bytes cannot hold {nbytes} more bytes: {self.bytes_held} are held "
-                    f"by pinned segments (the running batch's context and pinned prompts) and {self.reserved} by "
+                    f"cache_budget={self.budget} bytes cannot hold {nbytes} more bytes: {self.bytes_held} "
+                    "are held "
+                    "by pinned segments (the running batch's context and pinned prompts) and "
+                    f"{self.reserved} by "
                     f"running batch buffers; raise --cache-budget to at least "
                     f"{self.bytes_held + self.reserved + nbytes} or run fewer searches at once"
                 )
@@ -379,7 +383,7 @@ class KVStore:
         blocked: set[int] = set()
         for s in self.segments.values():
             if s.kv is not None and (s.pins > 0 or (free_only and s.owners)):
-                p = s
+                p: Segment | None = s
                 while p is not None and p.id not in blocked:
                     blocked.add(p.id)
                     p = p.parent
@@ -419,6 +423,7 @@ class KVStore:
                 continue
             self.bytes_held -= self.resident_bytes(s)
             s.kv = None
+            assert s.parent is not None  # only the root has none, and it is not in segments
             s.parent.children.pop((s.parent_len, s.tokens[0]), None)
             del self.segments[s.id]
 
@@ -456,6 +461,7 @@ class KVStore:
             assert s.start == s.parent.start + s.parent_len
             if s.kv is not None:
                 assert s.parent is self.root or s.parent.resident_len >= s.parent_len, (
-                    f"segment {s.id} is resident but its parent {s.parent.id} is not up to {s.parent_len} (note 5)"
+                    f"segment {s.id} is resident but its parent {s.parent.id} is not up to {s.parent_len} "
+                    "(note 5)"
                 )
                 assert 0 < s.kv.shape[3] <= len(s.tokens)

@@ -248,7 +248,8 @@ class CacheManager:
         if budget is not None and need > budget:
             bpt = self.store.bytes_per_token
             raise CacheBudgetError(
-                f"cache_budget={budget} bytes cannot run this call: the pinned prompts and one row's context and "
+                f"cache_budget={budget} bytes cannot run this call: the pinned prompts and one row's "
+                "context and "
                 f"batch buffer need at least {need} bytes ({need // bpt} tokens of K/V at {bpt} bytes each); "
                 f"raise --cache-budget to at least {need}, or run fewer searches at once"
             )
@@ -307,7 +308,8 @@ class CacheManager:
             for i, res in zip(idx, results):
                 if rows[i].asks_sigma is not None:  # ASKS: the gate's value, and whom it attached to
                     res.asks_sigma = rows[i].asks_sigma
-                    res.asks_ref = None if rows[i].asks_ref is None else idx[rows[i].asks_ref]
+                    ref = rows[i].asks_ref
+                    res.asks_ref = None if ref is None else idx[ref]
                 out[i] = res
         return out
 
@@ -356,7 +358,7 @@ class CacheManager:
             kvs = self.compute(
                 [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs], [r[4] for r in runs]
             )
-            for kv, (_, toks, start, ids, charge) in zip(kvs, runs):
+            for kv, (_, _, start, ids, charge) in zip(kvs, runs):
                 self.insert(ids, start, kv, charge=charge)
             self.lookup(rows)
             for first, lcp in firsts:  # the row that computed a shared run did not reuse it

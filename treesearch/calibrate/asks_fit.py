@@ -1,4 +1,5 @@
-"""`treesearch bench calibrate-asks`: fit ASKS's alpha and tau on the paraphrase workload, check them held out.
+"""`treesearch bench calibrate-asks`: fit ASKS's alpha and tau on the paraphrase workload, check them held
+out.
 
 1. Collect: for each question of the calibration rows (and then of the held-out rows), its k
    wordings are answered and verified twice, with exact sharing and with the ASKS gate open
@@ -236,8 +237,9 @@ def main(argv: list[str]) -> int:
             torch.set_num_threads(args.threads)
         lm = load_model(args.model)
         model, command = lm.name, "treesearch bench calibrate-asks " + " ".join(argv)
-        calib, cmeta = collect(lm, *args.calib, args.wordings, args.max_new_tokens, _log)
-        held, hmeta = collect(lm, *args.held, args.wordings, args.max_new_tokens, _log)
+        (ca, cb), (ha, hb) = args.calib, args.held
+        calib, cmeta = collect(lm, ca, cb, args.wordings, args.max_new_tokens, _log)
+        held, hmeta = collect(lm, ha, hb, args.wordings, args.max_new_tokens, _log)
     result = decide(calib, held, args.target)
     doc = {
         "model": model,

@@ -36,6 +36,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -140,7 +141,8 @@ def replay(
     As in a live search (`Searcher.evaluate` + `Verifier`): a candidate whose call was verified in
     an earlier step reuses that value and is not pending; Level 1 decides over the pending
     siblings of each parent; a call counts as skipped when every pending candidate that uses it
-    sits in a skipped set (one verification pass serves all candidates of a prompt). `calls` (a bool mask) restricts the call
+    sits in a skipped set (one verification pass serves all candidates of a prompt). `calls` (a bool mask)
+    restricts the call
     counts (calls, skipped, layers, call errors) to those calls, e.g. held-out calls whose prompt
     the calibration set never saw; the step counts always cover every step."""
     h = label_entropy(ds.traj) if h is None else h
@@ -174,6 +176,7 @@ def replay(
         for chosen, nodes in skips.values():
             best_full = max(nodes, key=lambda x: (fv[x], -x))
             for x in nodes:
+                assert labels is not None  # as w: the values above need the weights
                 qv[x] = confidence_value(pending[x]["conf"], labels)
                 in_skipped_set.add(pending[x]["call"])
                 if (x == chosen) != (x == best_full):
@@ -353,7 +356,7 @@ def save(
 ) -> None:
     """Merge one task's fitted thresholds into a model's calibration file (`extra`: the held-out
     report as printed, and a rejected fit with its held-out figures, if any)."""
-    data = json.loads(path.read_text()) if path.exists() else {"model": ds.model, "tasks": {}}
+    data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"model": ds.model, "tasks": {}}
     entry = dict(t.to_dict(), num_layers=int(ds.traj.shape[1]), calibration=dict(out.report(), **_meta(ds)))
     if held is not None and hds is not None:
         entry["heldout"] = dict(held.report(), **_meta(hds))

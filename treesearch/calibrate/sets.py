@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -88,7 +89,8 @@ def collect_game24(
     t0 = time.perf_counter()
     ds = None
     for i, puzzle in enumerate(load_puzzles(start, end)):
-        searcher.verify_trace = trace = {}
+        trace: dict[str, list] = {}
+        searcher.verify_trace = trace
         result = searcher.solve(puzzle)
         index = {}
         for q, traj in trace.items():
@@ -109,6 +111,7 @@ def collect_game24(
         )
         if checkpoint is not None:
             checkpoint(ds)
+    assert ds is not None, f"rows {start}:{end} hold no puzzle"  # the CLI checks START < END
     return ds
 
 
@@ -181,8 +184,7 @@ def collect_game24_oracle(
     nid = 0
     for k, puzzle in enumerate(load_puzzles(start, end)):
         frontier = [(0, problem.initial_state(puzzle))]
-        values: dict[str, float] = {}
-        for depth in range(1, problem.max_depth):
+        for _ in range(1, problem.max_depth):
             cands = []
             for parent, state in frontier:
                 for thought, left in legal_moves(state.numbers):
@@ -196,7 +198,7 @@ def collect_game24_oracle(
                 for q, traj, s in zip(new, rec.rows(), scores):
                     index[q] = len(trajs)
                     trajs.append(traj + [[s.probs[x] for x in labels]])
-            step = [
+            step: list[dict[str, Any]] = [
                 {"node": n, "parent": par, "conf": 0.0, "call": index[q], "value": None}
                 for n, par, _, q in cands
                 if q in index

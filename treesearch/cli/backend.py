@@ -7,7 +7,7 @@ for the local engine: the command loads its model as before). `treesearch bench`
 server options alone (`add_server_args`), its `server` mode being the backend. The API key is read
 from the environment (TREESEARCH_API_KEY, else OPENAI_API_KEY), never from a flag, so it stays out
 of shell history and process lists.
-"""
+"""  # noqa: E501  (command lines, kept whole to copy)
 
 from __future__ import annotations
 

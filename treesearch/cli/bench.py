@@ -13,7 +13,7 @@ branch and tree workloads generate fixed lengths (EOS and stop strings ignored),
     treesearch bench paraphrase --range 0:8 --threads 1        # nokv, exact, asks, asks-open (ASKS's workload)
     treesearch bench calibrate-asks --threads 1                # fit ASKS's gate, check it held out, ship it
     treesearch bench claims --threads 1 --json claims.json     # the paper's claims, one table
-"""
+"""  # noqa: E501  (command lines, kept whole to copy)
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The bench commands with their own parsers: `treesearch bench calibrate-asks` and `treesearch bench claims`."""
+"""The bench commands with their own parsers: `treesearch bench calibrate-asks` and `treesearch bench
+claims`."""
 
 from __future__ import annotations
 

@@ -185,7 +185,7 @@ def _rebuild(args: argparse.Namespace) -> int:
         )
     saved = json.loads(path.read_text())
     docs = saved["runs"]
-    for key, doc in list(docs.items()):
+    for doc in list(docs.values()):
         if isinstance(doc, dict) and "command" in doc:
             doc["command"] = clean_command(doc["command"])
     for doc in docs.get("models", {}).values():

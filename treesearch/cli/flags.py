@@ -13,7 +13,10 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=None,
-        help="HF model folder or cached id (default: embedded SmolLM2-135M-Instruct; 'tiny' for a random test model)",
+        help=(
+            "HF model folder or cached id (default: embedded SmolLM2-135M-Instruct; "
+            "'tiny' for a random test model)"
+        ),
     )
     p.add_argument("--device", default=None, help="torch device (default cpu)")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")

@@ -1,4 +1,5 @@
-"""Command line: `treesearch solve TASK INPUT`, `treesearch run TASK`, `treesearch bench`, `treesearch calibrate`.
+"""Command line: `treesearch solve TASK INPUT`, `treesearch run TASK`, `treesearch bench`, `treesearch
+calibrate`.
 
 Every argument is checked before the model loads (`treesearch.cli.checks`); a bad one is reported
 in one line, `treesearch: error: ...`, with exit status 2. Heavy libraries (torch, transformers)
@@ -113,7 +114,8 @@ def _stopped(exc: BaseException, args: argparse.Namespace, problem: Any) -> int:
         path = Path(args.resume or "treesearch-partial.json")
         partial.save(path, problem)
         print(
-            f"treesearch: the partial search ({len(partial.tree)} nodes) is saved in {path}; continue it with "
+            f"treesearch: the partial search ({len(partial.tree)} nodes) is saved in {path}; continue it "
+            "with "
             f"the same command plus --resume {path}",
             file=sys.stderr,
         )

@@ -179,7 +179,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     summary = _run_here(args, plan, items, out)
         except KeyboardInterrupt:
             print(
-                f"treesearch: interrupted; {len(out.done)} inputs are in {out_path}; continue with the same command "
+                f"treesearch: interrupted; {len(out.done)} inputs are in {out_path}; continue with the same "
+                "command "
                 "plus --resume",
                 file=sys.stderr,
             )
@@ -245,6 +246,7 @@ def _run_on_workers(args: argparse.Namespace, plan: Any, items: list, out: Any) 
         )
         with run:
             c = run.cluster
+            assert c is not None  # entering the run starts or joins a cluster
             print(
                 f"ray: {'started a local cluster' if c.started else 'joined the cluster at ' + c.address} in "
                 f"{c.startup_s:.1f} s; {len(run.info)} workers ready in {run.workers_ready_s:.1f} s ("

@@ -1,4 +1,4 @@
-"""Counters of work done, reported as `SearchResult.stats` (see ARCHITECTURE.md, Counting)."""
+"""Counters of work done, reported as `SearchResult.stats` (see docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -141,12 +141,13 @@ def check_problem(problem: Problem) -> None:
                 )
             if not lo <= w <= hi:
                 raise ProblemDefinitionError(
-                    f"{cls}.labels weight {w!r} of {k!r} is outside {cls}.value_range {problem.value_range}; an LM "
+                    f"{cls}.labels weight {w!r} of {k!r} is outside {cls}.value_range "
+                    f"{problem.value_range}; an LM "
                     "value is a weighted mean of the label weights, so every weight must lie in value_range"
                 )
-    k = problem.samples_per_expand
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ProblemDefinitionError(f"{cls}.samples_per_expand={k!r}; it must be an int of at least 1")
+    spe = problem.samples_per_expand
+    if isinstance(spe, bool) or not isinstance(spe, int) or spe < 1:
+        raise ProblemDefinitionError(f"{cls}.samples_per_expand={spe!r}; it must be an int of at least 1")
     d = problem.max_depth
     if isinstance(d, bool) or not isinstance(d, int) or d < 0:
         raise ProblemDefinitionError(f"{cls}.max_depth={d!r}; it must be an int of at least 0")
@@ -176,7 +177,8 @@ def _check_range(problem: Problem) -> tuple[float, float]:
 def check_prompt(problem: Problem, method: str, prompt: Any) -> str:
     if not isinstance(prompt, str):
         raise ProblemDefinitionError(
-            f"{type(problem).__name__}.{method}() returned {type(prompt).__name__}; it must return a str prompt"
+            f"{type(problem).__name__}.{method}() returned {type(prompt).__name__}; it must return a str "
+            "prompt"
         )
     if not prompt:
         raise ProblemDefinitionError(

@@ -224,7 +224,8 @@ class ThoughtTree:
         return tree_html(self)
 
     def to_svg(self, max_nodes: int | None = 150) -> str:
-        """The tree as one SVG element; trees over max_nodes fold their least telling nodes into +k markers."""
+        """The tree as one SVG element; trees over max_nodes fold their least telling nodes into +k
+        markers."""
         from treesearch.viz import render_svg
 
         return render_svg(self, max_nodes)
@@ -260,7 +261,7 @@ class ThoughtTree:
         return write_node_link(self, path, state_to_json)
 
 
-_REQUIRED = {
+_REQUIRED: dict[str, type | tuple[type, ...]] = {
     "thought": str,
     "depth": int,
     "status": str,
@@ -313,6 +314,7 @@ def _check_links(links: list, n: int) -> tuple[list[int], list[dict]]:
         src, dst = (e.get("source"), e.get("target")) if isinstance(e, dict) else (None, None)
         if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n for v in (src, dst)):
             raise SaveFileError(f"corrupt tree data: edge {e!r:.60} does not join two known nodes")
+        assert isinstance(src, int) and isinstance(dst, int)  # checked just above
         if not src < dst or parents[dst] != -1:
             raise SaveFileError(
                 f"corrupt tree data: edge {src}->{dst}; every node has one parent with a smaller id"

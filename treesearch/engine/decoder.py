@@ -202,6 +202,7 @@ class Decoder:
         else:
             out, lse = _flash(q, plan.k_buf[layer].transpose(-1, -2), plan.v_buf[layer], plan.mask)
         if plan.parts:
+            assert lse is not None  # with parts, every attention above returns its log-normaliser
             outs, lses = [out], [lse]
             folded = None
             for ks_all, vs_all, rows in plan.parts:
@@ -258,7 +259,11 @@ class Plan:
                 continue
             one = rows is not None and rows.shape[0] == 1
             self.parts.append(
-                (k.unsqueeze(1).unbind(0), v.unsqueeze(1).unbind(0), int(rows[0]) if one else rows)
+                (
+                    k.unsqueeze(1).unbind(0),
+                    v.unsqueeze(1).unbind(0),
+                    int(rows[0]) if one and rows is not None else rows,
+                )
             )
             rids.append(torch.arange(bsz) if rows is None else rows)
         self.single_len = max((sum(r[2] for r in runs) for runs in own.values()), default=0)
@@ -333,8 +338,10 @@ def _attend_joint(layer: int, q: torch.Tensor, plan: Plan) -> tuple[torch.Tensor
     scores = torch.matmul(q, plan.k_buf[layer])  # [B, Hkv, g, t]
     if plan.mask is not None:
         scores = scores + plan.mask
-    qf = _fold(q) if plan.shared else None  # [1, Hkv, B g, d]
-    cols = [scores] + [_unfold(torch.matmul(qf, kt[layer]), bsz) for kt, _ in plan.shared]  # [B, Hkv, g, m]
+    cols = [scores]
+    if plan.shared:
+        qf = _fold(q)  # [1, Hkv, B g, d]
+        cols += [_unfold(torch.matmul(qf, kt[layer]), bsz) for kt, _ in plan.shared]  # [B, Hkv, g, m]
     if plan.packed is not None:  # every row's own runs, side by side: one product for all rows
         kt, _, mask = plan.packed
         cols.append(torch.matmul(q, kt[layer]).add_(mask))  # [B, Hkv, g, S]

@@ -85,7 +85,8 @@ class Forward:
         """One padded forward of each row's new tokens (at absolute positions starts[b]..) over its
         prefix; returns (batch, result) with room in the batch for `extra` more tokens per row.
         result: last-position logits [B, V] (want_logits), label probabilities (label_ids; see
-        `layers`) or None. charge[b]: the Stats row b's work is counted in. capture: a list that receives each decoder layer's output [B, n, hidden]."""
+        `layers`) or None. charge[b]: the Stats row b's work is counted in. capture: a list that receives
+        each decoder layer's output [B, n, hidden]."""
         lm = self.lm
         bsz = len(news)
         lens = [len(t) for t in news]

@@ -45,6 +45,12 @@ from treesearch.policies.cgee import RowExits, token_offsets
 from treesearch.policies.rsbcm import Priority
 
 
+def _stats(r: Row) -> Stats:
+    """Where a row's work is counted: the engine's rows (`_rows`) always carry their search's Stats."""
+    assert r.stats is not None
+    return r.stats
+
+
 class Engine:
     """Runs a `LanguageModel` over many branches, sharing K/V as `config.kv_sharing` says."""
 
@@ -201,7 +207,8 @@ class Engine:
         exit_rule(layer, label_probs [B, n_labels]) -> True stops the pass after that layer (CGEE);
         a pass cut short stores no K/V. A rule that returns a bool tensor [B] decides per row: the
         rows marked True stop there (their Score has that layers_run and stores no K/V), and the
-        rule is called next with the survivors only, in the same order (see `treesearch.policies.cgee.LayerExit`).
+        rule is called next with the survivors only, in the same order (see
+        `treesearch.policies.cgee.LayerExit`).
         """
         if not prompts:
             return []
@@ -256,7 +263,8 @@ class Engine:
             if len(r.ids) + extra > self.lm.max_context:
                 raise ContextTooLongError(
                     f"prompt of {len(r.ids)} tokens + {extra} new tokens exceeds the model's context of "
-                    f"{self.lm.max_context}; shorten the prompt or lower max_new_tokens (prompt starts {p[:60]!r})"
+                    f"{self.lm.max_context}; shorten the prompt or lower max_new_tokens (prompt starts "
+                    f"{p[:60]!r})"
                 )
         if self.config.shares:
             self.cache.lookup(rows)
@@ -320,7 +328,7 @@ class Engine:
         batch,
         lens: list[int],
         full: Sequence[bool] | None = None,
-        batch_rows: Sequence[int] | None = None,
+        batch_rows: Sequence[int | None] | None = None,
     ) -> list:
         """Cache each row's new prompt K/V (a row cut short by CGEE stores none); returns the ends."""
         ends: list[Handle | None] = [None] * len(rows)
@@ -329,14 +337,16 @@ class Engine:
         for b, r in enumerate(rows):
             if full is None or full[b]:
                 brow = b if batch_rows is None else batch_rows[b]
-                ends[b] = self.cache.store_kv(
+                assert brow is not None  # a row run to the last layer keeps its batch row
+                end = self.cache.store_kv(
                     r.ids,
                     r.matched,
                     batch.row_kv(brow, 0, lens[b]),
                     free_only=not r.must_store,
                     charge=r.stats,
                 )
-                self.cache.count_prompt(ends[b], r.search)
+                ends[b] = end
+                self.cache.count_prompt(end, r.search)
         return ends
 
     def _generate_batch(
@@ -351,7 +361,7 @@ class Engine:
         news = [r.ids[r.matched :] for r in rows]
         lens = [len(t) for t in news]
         nmax = max(lens)
-        charge = [r.stats for r in rows]
+        charge = [_stats(r) for r in rows]
         held: list[int] = []
         try:
             batch, logits = self._prefill(
@@ -364,13 +374,14 @@ class Engine:
                 want_logits=True,
             )
             for r in rows:
-                r.stats.reused_tokens += r.matched - r.prepass
+                _stats(r).reused_tokens += r.matched - r.prepass
             ends = self._store_prompts(rows, batch, lens)
             if self.config.shares:
                 self.cache.pin_prompts(ends, owners)
 
             def keep_generated(j: int, b: int, gen: list[int]) -> None:
-                # the fed-back tokens' K/V (all generated but the last), only into room that displaces nothing owned
+                # the fed-back tokens' K/V (all generated but the last), only into room that displaces
+                # nothing owned
                 fed = len(gen) - 1
                 if self.config.shares and fed > 0 and ends[b] is not None:
                     ends[b] = self.cache.store_kv(
@@ -399,8 +410,8 @@ class Engine:
         for b, r in enumerate(rows):
             text = self.lm.tokenizer.decode(gens[b], skip_special_tokens=True)
             self.remember_generation(prompts[b], r.ids, gens[b])
-            self.searches.saw(r.stats, r.ids + gens[b][:-1])
-            r.stats.generated_tokens += len(gens[b])
+            self.searches.saw(_stats(r), r.ids + gens[b][:-1])
+            _stats(r).generated_tokens += len(gens[b])
             results.append(
                 Generation(
                     text=cut_at_stop(text, sampling.stop),
@@ -426,7 +437,7 @@ class Engine:
                 [r.chain for r in rows],
                 news,
                 [r.matched for r in rows],
-                [r.stats for r in rows],
+                [_stats(r) for r in rows],
                 held=held,
                 want_logits=True,
                 exit_rule=exit_rule,
@@ -434,7 +445,7 @@ class Engine:
                 label_ids=[q[0] for q in seqs],
             )
             for r in rows:
-                r.stats.reused_tokens += r.matched - r.prepass
+                _stats(r).reused_tokens += r.matched - r.prepass
             if isinstance(out, RowExits):  # per-row exit: each row has its own depth and batch row
                 per = [(out.probs[b], out.layers[b], out.batch_row[b]) for b in range(len(rows))]
             else:
@@ -456,7 +467,7 @@ class Engine:
             else:
                 raw = {lab: float(probs[k]) for k, lab in enumerate(labels)}
             tot = sum(raw.values()) or 1.0
-            self.searches.saw(r.stats, r.ids)
+            self.searches.saw(_stats(r), r.ids)
             results.append(
                 Score(
                     probs={k: v / tot for k, v in raw.items()},
@@ -472,7 +483,7 @@ class Engine:
     def _finish_batch(self, results: list, owners: list[Any] | None, rows: list[Row]) -> None:
         if owners is not None:
             self.cache.tag_owners([r.handle for r in results], owners)
-        charge = distinct([r.stats for r in rows])
+        charge = distinct([_stats(r) for r in rows])
         for st in charge:
             st.unique_tokens = self.searches.unique(st)
         self.cache.report_peak(charge)

@@ -27,7 +27,7 @@ import json
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from treesearch.common.errors import ConfigError
 
@@ -46,8 +46,8 @@ def known_names() -> list[str]:
     return sorted(p.stem for p in (models_dir() / "configs").glob("*.json"))
 
 
-def is_dummy(name: str | None) -> bool:
-    return bool(name) and name.lower().startswith(PREFIX)
+def is_dummy(name: str | None) -> TypeGuard[str]:
+    return name is not None and name.lower().startswith(PREFIX)
 
 
 def parse_name(name: str) -> tuple[str, int | None]:

@@ -116,8 +116,10 @@ def check_model(name: str | Path | None) -> None:
     if _HUB_ID.match(str(name)) and _in_hub_cache(str(name)):
         return
     raise ModelNotFoundError(
-        f"{name} is not a folder or a known model; pass a Hugging Face model folder, the id of a model in the "
-        f"local Hugging Face cache (nothing is downloaded), 'tiny', or no model for the default {DEFAULT_MODEL_NAME}"
+        f"{name} is not a folder or a known model; pass a Hugging Face model folder, the id of a model in "
+        "the "
+        "local Hugging Face cache (nothing is downloaded), 'tiny', or no model for the default "
+        f"{DEFAULT_MODEL_NAME}"
     )
 
 
@@ -164,7 +166,7 @@ def tiny_model(
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.2)
-    model = model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]  # transformers' stub of .to
     return wrap_model(model, tokenizer, TINY_NAME)
 
 
@@ -173,7 +175,7 @@ def _from_folder(folder: str | Path, name: str, device: str, dtype: Any) -> Lang
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
-    model = model.to(device).eval()
+    model = model.to(device).eval()  # type: ignore[arg-type]  # transformers' stub of .to
     return wrap_model(model, tokenizer, name)
 
 

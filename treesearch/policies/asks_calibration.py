@@ -109,7 +109,7 @@ def decide(calib: list[Record], held: list[Record], target: float = TARGET) -> d
     found = fit(calib, target)
     auc = {"calibration": separation(calib), "heldout": separation(held)}
     if found is None:
-        why = (
+        why: str | None = (
             f"no (alpha, tau) bounds the changed fraction at {target:.0%} on the {len(calib)} calibration "
             f"pairs (95% Wilson upper bound)"
         )
@@ -139,7 +139,8 @@ def decide(calib: list[Record], held: list[Record], target: float = TARGET) -> d
         why = "the fit attached no held-out pair: nothing certifies it"
     elif h["changed_wilson95"][1] > target:
         why = (
-            f"{h['changed']} of {h['attached']} attached held-out rows changed their answer: 95% Wilson upper "
+            f"{h['changed']} of {h['attached']} attached held-out rows changed their answer: 95% Wilson "
+            "upper "
             f"bound {h['changed_wilson95'][1]:.1%} > target {target:.0%}"
         )
     if why:
@@ -179,7 +180,8 @@ def load_gate(model_name: str, path: Path | None = None) -> dict | None:
 
 
 def gate_note(model_name: str) -> tuple[float, float, str]:
-    """(alpha, tau, what they are) for a model's asks mode: its shipped calibration, else RKSCConfig's defaults."""
+    """(alpha, tau, what they are) for a model's asks mode: its shipped calibration, else RKSCConfig's
+    defaults."""
     from treesearch.common.config import RKSCConfig
 
     data = load_gate(model_name)

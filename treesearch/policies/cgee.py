@@ -108,7 +108,7 @@ def decisive_branch(confidences: Sequence[float], tau_conf: float, margin: float
 class Branch:
     """A branch waiting for verification: its id, its parent (its sibling set) and its confidence p_i."""
 
-    node: Hashable
+    node: int
     parent: Hashable
     confidence: float
 

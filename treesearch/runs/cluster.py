@@ -30,10 +30,10 @@ def require_ray() -> Any:
     """The ray module, or a DistributedError naming the command that installs it."""
     try:
         import ray
-    except ImportError:
+    except ImportError as err:
         raise DistributedError(
             f"Ray is not installed, and running over workers needs it; install it with: {INSTALL}"
-        )
+        ) from err
     return ray
 
 

@@ -59,7 +59,7 @@ def run_distributed(
 
 def _results(run: DistributedRun, xs: list[Any], ordered: bool) -> Iterator[Any]:
     with run:
-        done: dict[int, Any] = {}
+        done: dict[Hashable, Any] = {}
         next_out = 0
         for i, _, result in run.solve_items(enumerate(xs)):
             if not ordered:
@@ -353,8 +353,10 @@ def check_sendable(obj: Any, what: str) -> None:
     except Exception as exc:
         cls = obj.__qualname__ if isinstance(obj, type) else type(obj).__qualname__
         raise DistributedError(
-            f"the {what} {cls} cannot be sent to the Ray workers ({type(exc).__name__}: {_last_line(exc)}); define "
-            f"{cls} at module level in a module the workers can import, and keep nothing on it that cannot be "
+            f"the {what} {cls} cannot be sent to the Ray workers ({type(exc).__name__}: {_last_line(exc)}); "
+            "define "
+            f"{cls} at module level in a module the workers can import, and keep nothing on it that cannot "
+            "be "
             "pickled (locks, open files, threads, loaded models: build those inside its methods)"
         ) from None
 

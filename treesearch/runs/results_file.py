@@ -152,9 +152,11 @@ class Summary:
 
     def lines(self) -> list[str]:
         out = [
-            f"inputs: {self.inputs} ({self.failed} failed, {self.invalid} invalid); solved {self.solved}: accuracy "
+            f"inputs: {self.inputs} ({self.failed} failed, {self.invalid} invalid); solved {self.solved}: "
+            "accuracy "
             f"{self.accuracy:.3f} (95% CI {self.accuracy_low:.3f}-{self.accuracy_high:.3f})",
-            f"this run: {self.inputs_run} inputs in {self.wall_s:.1f} s = {self.inputs_per_hour:.1f} inputs/h",
+            f"this run: {self.inputs_run} inputs in {self.wall_s:.1f} s = {self.inputs_per_hour:.1f} "
+            "inputs/h",
             "tokens: " + ", ".join(f"{k}={v}" for k, v in self.tokens.items()),
         ]
         if len(self.per_worker) > 1:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Generator, Hashable, Iterable, Iterator
 from typing import Any
 
 from treesearch.backends.merger import CallMerger, SearchCancelled, SearchSession, session_priority
+from treesearch.common.errors import TreeSearchError
 
 Searcher = Any  # treesearch.search.searcher.Searcher (it imports this module)
 SearchResult = Any  # treesearch.search.result.SearchResult
@@ -33,7 +34,7 @@ def solve_many(searcher: Searcher, inputs: Iterable[Any], *, concurrency: int = 
     at a time over one shared engine; yields each input's SearchResult, in input order."""
     source = enumerate(inputs)
     loop = _solve(searcher, lambda block: next(source, _END), concurrency)
-    done: dict[int, SearchResult] = {}
+    done: dict[Hashable, SearchResult] = {}
     next_out = 0
     try:
         for i, result in loop:
@@ -68,7 +69,7 @@ _END, _NONE_NOW = object(), object()  # take(): no more inputs ever / none at th
 
 def _solve(
     searcher: Searcher, take: Callable[[bool], Any], concurrency: int
-) -> Iterator[tuple[Hashable, SearchResult]]:
+) -> Generator[tuple[Hashable, SearchResult], None, None]:
     """The loop of both: take(block) gives the next (key, input), _NONE_NOW or _END; yields
     (key, SearchResult) as each search ends."""
     if concurrency < 1:
@@ -133,7 +134,12 @@ class _Run:
 
     def _main(self) -> None:
         try:
-            self.result = self._child.solve(self._x)
+            try:
+                self._child.problem.check_input(self._x)
+            except TreeSearchError as exc:  # refused, no search: an "invalid" result, like the CLI run's rows
+                self.result = _invalid(self._child, self._x, exc)
+                return
+            self.result = self._child._solve_checked(self._x)
         except SearchCancelled as exc:
             self.result = _failed(self._child, exc, status="interrupted")
         except BaseException as exc:  # reported on the search's own result; the others go on
@@ -142,10 +148,20 @@ class _Run:
             self._merger.finished()
 
 
+def _invalid(child: Searcher, x: Any, exc: BaseException) -> SearchResult:
+    """The result of an input `Problem.check_input` refused: status "invalid", the error, an empty
+    tree and no model work."""
+    child.engine = child.backend  # its session: the stats of no work
+    child.tree.meta.update(problem=child.problem.name, input=str(x), input_type=type(x).__name__)
+    return child.result(None, status="invalid", error=f"{type(exc).__name__}: {exc}"[:500])
+
+
 def _failed(child: Searcher, exc: BaseException, *, status: str) -> SearchResult:
     """The partial result of a search that raised, marked with the error."""
     part = getattr(exc, "partial_result", None) or child.partial_result
     if part is None:
+        if child.engine is None:  # raised before the search began (e.g. in initial_state)
+            child.engine = child.backend
         part = child.result(None, status=status, error=f"{type(exc).__name__}: {exc}"[:500])
     part.status = status
     return part

@@ -76,7 +76,7 @@ def load_payload(path: str | Path) -> dict:
 
 
 def _check_fields(path: str | Path, r: dict) -> None:
-    want = {
+    want: dict[str, type | tuple[type, ...]] = {
         "answer": (str, type(None)),
         "solved": bool,
         "best": (int, type(None)),

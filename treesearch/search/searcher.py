@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from treesearch.backends.protocol import Backend, require_features
 from treesearch.common.config import RKSCConfig, Sampling
@@ -30,6 +30,7 @@ from treesearch.search.limits import within_context
 from treesearch.search.result import SearchResult
 
 if TYPE_CHECKING:
+    from treesearch.engine.local import Engine
     from treesearch.search.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -90,11 +91,20 @@ class Searcher:
 
         Interruption: any exception (KeyboardInterrupt included) propagates unchanged, carrying the
         partial search as `exc.partial_result` (a SearchResult with status "interrupted"); it is
-        also `searcher.partial_result`. Save it and continue later with `resume`."""
+        also `searcher.partial_result`. Save it and continue later with `resume`.
+
+        An input the problem refuses raises its `Problem.check_input` error (ParseError) first,
+        before any model work."""
+        self.problem.check_input(x)
+        return self._solve_checked(x)
+
+    def _solve_checked(self, x: Any) -> SearchResult:
+        """`solve` of an input `Problem.check_input` has accepted (solve_many checks each itself)."""
         self.tree = ThoughtTree()
         self.tree.meta.update(
             problem=self.problem.name,
             input=str(x),
+            input_type=type(x).__name__,  # resume re-checks the saved input only when it was text
             seed=self.seed,
             strategy=type(self.strategy).__name__,
             strategy_config=_describe(self.strategy),
@@ -123,6 +133,8 @@ class Searcher:
                 f"resume needs a SearchResult, a ThoughtTree with a root or a saved file; got {saved!r:.60}"
             )
         self._check_resumable(tree)
+        if tree.meta.get("input_type") == "str" and isinstance(tree.meta.get("input"), str):
+            self.problem.check_input(tree.meta["input"])  # before any model work, like solve
         self.tree = _fresh_copy(tree)
         if prev:
             self.tree.meta["previous_stats"] = list(self.tree.meta.get("previous_stats", [])) + [dict(prev)]
@@ -142,9 +154,14 @@ class Searcher:
         (kept between calls, like solve's with keep_cache)."""
         if self.backend is not None:
             return self.backend
-        if self.engine is None or not self.keep_cache or self.engine.config is not self.config:
+        if (
+            self.engine is None
+            or not self.keep_cache
+            or cast("Engine", self.engine).config is not self.config
+        ):
             from treesearch.engine.local import Engine  # torch loads here, when a local engine is built
 
+            assert isinstance(self.model, LanguageModel)  # no backend: the model is local
             self.engine = Engine(self.model, self.config, max_batch=64)
         self.engine.new_search()
         return self.engine
@@ -170,11 +187,12 @@ class Searcher:
         elif (
             self.engine is None
             or not self.keep_cache
-            or self.engine.config is not self.config
+            or cast("Engine", self.engine).config is not self.config
             or self.partial_result is not None
         ):
             from treesearch.engine.local import Engine
 
+            assert isinstance(self.model, LanguageModel)  # no backend: the model is local
             self.engine = Engine(self.model, self.config)
         else:
             self.engine.new_search()
@@ -210,7 +228,7 @@ class Searcher:
             best=best,
             answer=answer,
             solved=solved,
-            stats=self.engine.stats.as_dict(),
+            stats=self._engine.stats.as_dict(),
             config=self.config.to_dict(),
             status=status,
             error=error,
@@ -292,15 +310,15 @@ class Searcher:
             prompt = self.problem.expand_prompt(d["state"])
             if not isinstance(prompt, str) or not prompt:
                 continue
-            ids = self.engine.tokenize(prompt)
+            ids = self._engine.tokenize(prompt)
             for gen in d["generation_ids"]:
-                self.engine.remember_generation(prompt, ids, gen)
+                self._engine.remember_generation(prompt, ids, gen)
 
     def _prime_values(self) -> None:
         """Re-enter the LM values already on the tree into the prompt -> value memo, so a resumed
         search reuses them exactly as the uninterrupted search would have."""
         p = self.problem
-        for n, d in self.tree.graph.nodes(data=True):
+        for _, d in self.tree.graph.nodes(data=True):
             if d.get("score") is not None and "label_probs" in d and d.get("cgee") != "skipped":
                 prompt = p.value_prompt(d["state"])
                 if isinstance(prompt, str):
@@ -320,7 +338,7 @@ class Searcher:
                 seeds.append(stable_seed(self.seed, n, j))
                 owners.append(n)
                 who.append(n)
-        gens = self.engine.generate(prompts, self.sampling, seeds=seeds, owners=owners)
+        gens = self._engine.generate(prompts, self.sampling, seeds=seeds, owners=owners)
         # Phase 1 calls every Problem method; phase 2 writes the tree. An exception (or Ctrl-C) in a
         # Problem method thus leaves the tree untouched: an expansion is all or nothing, and a
         # resumed search repeats it whole, with the same node ids.
@@ -335,7 +353,7 @@ class Searcher:
                     continue
                 seen[n].add(key)
                 if c.span is not None and offsets is None:
-                    offsets = self.engine.token_offsets(gen)
+                    offsets = self._engine.token_offsets(gen)
                 # CGEE Level 1: the child's own confidence (its span's tokens), else the generation's
                 confidence = span_confidence(offsets or [], gen.logprobs, c.span, len(gen.text))
                 kept.append((c, confidence, *self._flags(c.state)))
@@ -352,7 +370,7 @@ class Searcher:
                 if c.prior is not None:
                     d["prior"] = float(c.prior)
                 d["kv"] = gen.handle
-                self.engine.acquire(cid, gen.handle)
+                self._engine.acquire(cid, gen.handle)
                 d["terminal"], d["solved"] = terminal, solved
                 out[n].append(cid)
         for n in nodes:
@@ -398,7 +416,7 @@ class Searcher:
         for n in nodes:
             if self.tree.node(n)["status"] != "solution":
                 self.tree.set_status(n, "pruned")
-                self.engine.release(n)  # its KV blocks become free (evicted first)
+                self._engine.release(n)  # its KV blocks become free (evicted first)
 
     def mark_solution(self, node: int) -> None:
         self.tree.set_status(node, "solution")
@@ -411,6 +429,12 @@ class Searcher:
 
     _verifier_obj: Verifier | None = None  # the Verifier of the current engine and trace
 
+    @property
+    def _engine(self) -> Backend:
+        """The engine of the search under way (`_run` and `shared_engine` set it)."""
+        assert self.engine is not None, "no search is under way"
+        return self.engine
+
     def _verifier(self) -> Verifier:
         """The Verifier of the current engine (CGEE thresholds: the config's, else calibrated)."""
         from treesearch.policies.cgee import thresholds_for
@@ -418,8 +442,10 @@ class Searcher:
 
         v = self._verifier_obj
         if v is None or v.engine is not self.engine or v.trace is not self.verify_trace:
-            t = thresholds_for(self.config, self.engine.name, self.problem.name)
-            v = Verifier(self.engine, self.problem.labels, self.config, t, trace=self.verify_trace)
+            labels = self.problem.labels
+            assert labels is not None  # check_problem: a problem with value prompts has labels
+            t = thresholds_for(self.config, self._engine.name, self.problem.name)
+            v = Verifier(self._engine, labels, self.config, t, trace=self.verify_trace)
             self._verifier_obj = v
         return v
 

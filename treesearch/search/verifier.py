@@ -50,13 +50,11 @@ class LayerRecorder:
 class Valuation:
     """What one `Verifier.verify` call found, per branch (node) and per prompt."""
 
-    values: dict[Hashable, float] = field(default_factory=dict)  # the value each branch takes
-    probs: dict[Hashable, dict[str, float] | None] = field(default_factory=dict)  # label probs; None: skipped
-    how: dict[Hashable, str] = field(default_factory=dict)  # "skipped" | "exit@L" | "full"
-    asks: dict[Hashable, tuple[Hashable, float]] = field(
-        default_factory=dict
-    )  # ASKS: (node attached to, sigma)
-    cgee_values: dict[Hashable, float] = field(default_factory=dict)  # measurement mode: CGEE's own value
+    values: dict[int, float] = field(default_factory=dict)  # the value each branch takes
+    probs: dict[int, dict[str, float] | None] = field(default_factory=dict)  # label probs; None: skipped
+    how: dict[int, str] = field(default_factory=dict)  # "skipped" | "exit@L" | "full"
+    asks: dict[int, tuple[Hashable, float]] = field(default_factory=dict)  # ASKS: (node attached to, sigma)
+    cgee_values: dict[int, float] = field(default_factory=dict)  # measurement mode: CGEE's own value
     reusable: dict[str, float] = field(default_factory=dict)  # prompt -> value a later request may reuse
 
 
@@ -140,6 +138,7 @@ class Verifier:
         stats.verify_layers_run += sum(s.layers_run for s in scores)
         stats.verify_layers_full += self.engine.num_layers * len(scores)
         if isinstance(rule, LayerRecorder):
+            assert self.trace is not None  # a recorder is made only to fill the trace
             for i, traj, s in zip(run, rule.rows(), scores):
                 self.trace[prompts[i]] = traj + [[s.probs[lab] for lab in labels]]
         quick = {i: s.probs for i, s in zip(run, scores)}

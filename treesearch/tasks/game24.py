@@ -39,7 +39,7 @@ Moves:
 7 - 5 = 2 (left: 2 3 9)
 Numbers: {numbers}
 Moves:
-"""
+"""  # noqa: E501  (prompt text: the model sees these lines as they are)
 
 VALUE_PROMPT = """Can the numbers reach 24 with + - * / (each number used once)? Judge sure, likely or impossible.
 Numbers: 10 14
@@ -59,7 +59,7 @@ Judgement: likely
 Numbers: 1 1 1
 Judgement: impossible
 Numbers: {numbers}
-Judgement:"""
+Judgement:"""  # noqa: E501  (prompt text: the model sees these lines as they are)
 
 ANSWER_PROMPT = """Use every input number exactly once with + - * / to make 24. Write the steps as one expression.
 Input: 4 4 6 8
@@ -77,7 +77,7 @@ Answer: (12 * 2) * (10 - 9) = 24
 Input: {puzzle}
 Steps:
 {steps}
-Answer:"""
+Answer:"""  # noqa: E501  (prompt text: the model sees these lines as they are)
 
 LABELS = {" sure": 20.0, " likely": 1.0, " impossible": 0.001}
 _NUM = r"(\d+(?:\.\d+)?(?:/\d+)?)"
@@ -144,6 +144,7 @@ def apply_move(numbers: tuple[Fraction, ...], line: str) -> tuple[str, tuple[Fra
     if op == "/" and b == 0:
         return None
     result = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else None}[op]
+    assert result is not None  # a division by zero returned above
     left = tuple(sorted(pool + [result]))
     thought = f"{fmt(a)} {op} {fmt(b)} = {fmt(result)} (left: {' '.join(fmt(x) for x in left)})"
     return thought, left

@@ -26,7 +26,7 @@ Step: She bakes 12 * 3 = 36 muffins.
 Step: After selling, 36 - 20 = 16 muffins are left.
 Step: The answer is 16.
 Question: {question}
-"""
+"""  # noqa: E501  (prompt text: the model sees these lines as they are)
 STEP = "Step:"
 VALUE_SUFFIX = "\nIs the last step correct? Reply yes or no.\nReply:"
 LABELS = {" yes": 1.0, " no": 0.0}
@@ -90,7 +90,8 @@ class GSM8K(Problem):
         )
 
     def check_input(self, x: Any) -> None:
-        """A question: non-empty text, or a dataset row {"question": ..., "answer": ...}; ParseError otherwise."""
+        """A question: non-empty text, or a dataset row {"question": ..., "answer": ...}; ParseError
+        otherwise."""
         question = x.get("question") if isinstance(x, dict) else x
         if not isinstance(question, str) or not question.strip():
             raise ParseError(

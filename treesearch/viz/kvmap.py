@@ -44,7 +44,8 @@ class KVMap:
 
     def __repr__(self) -> str:
         return (
-            f"KVMap({len(self.rows)} segments, {self.contexts} contexts, {self.context_tokens} context tokens "
+            f"KVMap({len(self.rows)} segments, {self.contexts} contexts, {self.context_tokens} context "
+            "tokens "
             f"over {self.distinct_tokens} distinct)"
         )
 
@@ -54,7 +55,8 @@ class KVMap:
             who = " ".join(f"#{n}" for n in r.nodes[:12]) + (" ..." if len(r.nodes) > 12 else "")
             lines.append(f"{r.segment:>7} {r.tokens:>6} {r.contexts:>8}  {who}")
         lines.append(
-            f"{self.contexts} contexts hold {self.context_tokens} tokens; the shared store holds {self.distinct_tokens} "
+            f"{self.contexts} contexts hold {self.context_tokens} tokens; the shared store holds "
+            f"{self.distinct_tokens} "
             f"distinct tokens ({self.sharing_factor:.2f}x)"
         )
         return "\n".join(lines)
@@ -71,8 +73,10 @@ class KVMap:
             )
         return (
             f'<table style="font-size:12px">{head}{"".join(body)}</table>'
-            f"<p>{self.contexts} contexts hold {self.context_tokens} tokens; the shared store holds {self.distinct_tokens} "
-            f"distinct tokens ({self.sharing_factor:.2f}x). Green: shared by several contexts; orange: one context's own.</p>"
+            f"<p>{self.contexts} contexts hold {self.context_tokens} tokens; the shared store holds "
+            f"{self.distinct_tokens} "
+            f"distinct tokens ({self.sharing_factor:.2f}x). Green: shared by several contexts; orange: one "
+            "context's own.</p>"
         )
 
 

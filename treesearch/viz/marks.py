@@ -90,7 +90,8 @@ class NodeMarks:
 
 
 def structure(graph: Any) -> Structure:
-    """Parent/children of each node, treating edges marked `asks` as arcs unless they are a node's only in-edge."""
+    """Parent/children of each node, treating edges marked `asks` as arcs unless they are a node's only
+    in-edge."""
     parent: dict[int, int | None] = {}
     asks: list[tuple[int, int, Any]] = []
     for u, v, d in graph.edges(data=True):
@@ -127,7 +128,8 @@ def solution_nodes(graph: Any, meta: dict | None = None) -> list[int]:
 def path_nodes(st: Structure, ends: list[int]) -> set[int]:
     """Every node on a root path to one of `ends`."""
     seen: set[int] = set()
-    for n in ends:
+    for end in ends:
+        n: int | None = end
         while n is not None and n not in seen:
             seen.add(n)
             n = st.parent.get(n)
@@ -180,7 +182,8 @@ def kv_chain(d: dict) -> list[tuple[int, int]] | None:
 
 
 def kv_evicted(d: dict) -> bool:
-    """True when the node's K/V was evicted: the `evicted` attribute, or a live handle whose end holds no K/V."""
+    """True when the node's K/V was evicted: the `evicted` attribute, or a live handle whose end holds no
+    K/V."""
     if d.get("evicted"):
         return True
     handle = d.get("kv")
@@ -271,7 +274,10 @@ def hover_text(n: int, d: dict, m: NodeMarks, width: int = 300) -> str:
     if m.visits:
         lines.append(f"visits: {m.visits} · mean value {m.mean_value:.4g}")
     if m.kv_tokens:
-        kv = f"KV: {m.kv_tokens} context tokens in {m.kv_segments} segments; {m.kv_shared} shared, {m.kv_own} own"
+        kv = (
+            f"KV: {m.kv_tokens} context tokens in {m.kv_segments} segments; "
+            f"{m.kv_shared} shared, {m.kv_own} own"
+        )
         if m.kv_reused is not None and m.kv_prompt:
             kv += f"; {m.kv_reused} of {m.kv_prompt} prompt tokens reused from cache"
         lines.append(kv)

@@ -78,9 +78,10 @@ def render_svg(tree: Any, max_nodes: int | None = DEFAULT_MAX_NODES) -> str:
             else ((PURPLE, 1.5, ' stroke-dasharray="5 3"') if asks else ("#9a9a9a", 1.2, ""))
         )
         out.append(f'<path d="{_edge(pos[p], pos[n])}" stroke="{colour}" stroke-width="{w}"{dash}/>')
-    for n, hidden in lay.folds.items():
+    for n in lay.folds:
         out.append(
-            f'<path d="{_edge(pos[n], _fold_px(lay, n))}" stroke="#c8c8c8" stroke-width="1" stroke-dasharray="2 2"/>'
+            f'<path d="{_edge(pos[n], _fold_px(lay, n))}" stroke="#c8c8c8" stroke-width="1" '
+            'stroke-dasharray="2 2"/>'
         )
     for u, v, val in st.asks:
         if u in pos and v in pos and st.parent.get(v) != u:
@@ -153,7 +154,8 @@ def _node_svg(m: NodeMarks, xy: tuple[float, float], uid: str) -> str:
         f'opacity="{opacity}"><title>{escape(m.title)}</title>',
         f'<rect x="{left:.1f}" y="{top:.1f}" width="{BOX_W}" height="{BOX_H}" rx="5" fill="{m.fill}" '
         f'stroke="{stroke}" stroke-width="{sw}"{dash}/>',
-        f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle" fill="{text}">{escape(short_score(m.score))}</text>',
+        f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle" '
+        f'fill="{text}">{escape(short_score(m.score))}</text>',
     ]
     if m.status == "solution":
         parts.append(
@@ -170,7 +172,8 @@ def _node_svg(m: NodeMarks, xy: tuple[float, float], uid: str) -> str:
         )
     if m.asks_from:
         parts.append(
-            f'<text class="asks-mark" x="{left:.1f}" y="{top - 3:.1f}" font-size="9" fill="{PURPLE}">asks</text>'
+            f'<text class="asks-mark" x="{left:.1f}" y="{top - 3:.1f}" font-size="9" '
+            f'fill="{PURPLE}">asks</text>'
         )
     parts.append("</g>")
     return "".join(parts)
@@ -185,8 +188,10 @@ def _kv_bar(m: NodeMarks, left: float, top: float, uid: str) -> str:
             f'<text x="{left + BOX_W + 2:.1f}" y="{top + 5:.1f}" font-size="8" fill="{EVICTED}">ev</text>'
         )
     return (
-        f'<rect class="kv shared" x="{left:.1f}" y="{top:.1f}" width="{w_shared:.1f}" height="4" fill="{SHARED}"/>'
-        f'<rect class="kv own" x="{left + w_shared:.1f}" y="{top:.1f}" width="{BOX_W - w_shared:.1f}" height="4" '
+        f'<rect class="kv shared" x="{left:.1f}" y="{top:.1f}" width="{w_shared:.1f}" height="4" '
+        f'fill="{SHARED}"/>'
+        f'<rect class="kv own" x="{left + w_shared:.1f}" y="{top:.1f}" width="{BOX_W - w_shared:.1f}" '
+        'height="4" '
         f'fill="{OWN}"/>'
     )
 
@@ -194,13 +199,14 @@ def _kv_bar(m: NodeMarks, left: float, top: float, uid: str) -> str:
 def _fold_svg(n: int, hidden: list[int], marks: dict[int, NodeMarks], xy: tuple[float, float]) -> str:
     x, y = xy
     pruned = sum(1 for h in hidden if marks[h].status == "pruned")
-    scores = [marks[h].score for h in hidden if marks[h].score is not None]
+    scores = [s for h in hidden if (s := marks[h].score) is not None]
     best = f", best score {max(scores):.4g}" if scores else ""
     ids = ", ".join(f"#{h}" for h in hidden[:40]) + (" …" if len(hidden) > 40 else "")
     title = f"{len(hidden)} nodes folded under #{n} ({pruned} pruned{best}): {ids}"
     return (
         f'<g class="fold" data-parent="{n}" data-count="{len(hidden)}"><title>{escape(title)}</title>'
-        f'<rect x="{x - 18:.1f}" y="{y - 9:.1f}" width="36" height="18" rx="9" fill="#f2f2f2" stroke="#b0b0b0"/>'
+        f'<rect x="{x - 18:.1f}" y="{y - 9:.1f}" width="36" height="18" rx="9" fill="#f2f2f2" '
+        'stroke="#b0b0b0"/>'
         f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle" fill="#555555">+{len(hidden)}</text></g>'
     )
 
@@ -254,6 +260,7 @@ def legend_svg(tree: Any) -> str:
     text("+k folded")
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="treesearch-legend" width="{x:.0f}" height="20" '
-        f'font-family="Helvetica, Arial, sans-serif" font-size="11"><defs><linearGradient id="{uid}-g">{stops}'
+        'font-family="Helvetica, Arial, sans-serif" font-size="11"><defs><linearGradient '
+        f'id="{uid}-g">{stops}'
         f"</linearGradient></defs>{''.join(items)}</svg>"
     )
