@@ -25,7 +25,7 @@ class SearchResult:
     solved: bool
     stats: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
-    status: str = "complete"  # "complete" | "interrupted"
+    status: str = "complete"  # "complete" | "interrupted"; solve_many also "failed" | "invalid"
     error: str | None = None  # repr of the exception that interrupted the search
     problem: Problem | None = field(default=None, repr=False, compare=False)  # converts states on save
     answer_node: int | None = None  # the node `answer` was read from (see Searcher.result); None: no answer
