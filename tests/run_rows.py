@@ -4,8 +4,22 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
+# `treesearch run` on Game of 24 with the tiny model, one thread, no progress bar
+RUN = [
+    sys.executable,
+    "-m",
+    "treesearch.cli.main",
+    "run",
+    "game24",
+    "--model",
+    "tiny",
+    "--no-progress",
+    "--threads",
+    "1",
+]
 SAME = ("index", "input", "status", "answer", "solved", "answer_node", "error")
 OWN_WORK = ("decode_tokens", "generated_tokens", "unique_tokens")
 

@@ -6,30 +6,16 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 from reliability_problems import Words
+from run_rows import RUN, comparable, lines
 
 from strategies import BFS
 from treesearch import RKSCConfig, SaveFileError, Searcher
 from treesearch.common.intervals import wilson
 from treesearch.runs.results_file import ResultsFile, run_inputs, summarize
-
-RUN = [
-    sys.executable,
-    "-m",
-    "treesearch.cli.main",
-    "run",
-    "game24",
-    "--model",
-    "tiny",
-    "--no-progress",
-    "--threads",
-    "1",
-]
-from run_rows import comparable, lines  # noqa: E402  (after the argv it reuses)
 
 
 def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from reliability_problems import Words
-from run_rows import comparable, lines
+from run_rows import RUN, comparable, lines
 from same_results import FirstChild, assert_same
 
 from strategies import BFS
@@ -29,18 +29,6 @@ from treesearch.runs.results_file import ResultsFile, run_inputs
 pytestmark = pytest.mark.ray
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN = [
-    sys.executable,
-    "-m",
-    "treesearch.cli.main",
-    "run",
-    "game24",
-    "--model",
-    "tiny",
-    "--no-progress",
-    "--threads",
-    "1",
-]
 INPUTS = ["cats", "dogs", "birds", "fish", "cows", "owls", "bees", "ants"]
 WORDS = functools.partial(Words, width=2, depth=2, max_new_tokens=4)  # a picklable problem factory
 
