@@ -1,4 +1,5 @@
-"""End-to-end searches: the same tree with KV sharing on and off (tiny and real model)."""
+"""End-to-end searches: the same tree with KV sharing on and off (tiny and real model). The sampled
+and budget-bound cases, on every device, are in tests/engine/test_lossless.py."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 from strategies import BFS
 from treesearch import RKSCConfig, Sampling, Searcher
-from treesearch.tasks import GSM8K, Game24
+from treesearch.tasks import Game24
 
 
 def _solve(lm, problem, kv, strategy, sampling=None, x="4 5 6 10"):
@@ -49,15 +50,6 @@ def test_tiny_game24_search_is_identical_with_and_without_sharing(tiny_lm):
     # every context is covered: computed here, or served from the cache (shared runs count once as prefill)
     assert ex.stats["reused_tokens"] + ex.stats["prefill_tokens"] >= off.stats["prefill_tokens"]
     assert ex.stats["unique_tokens"] == off.stats["unique_tokens"]
-
-
-def test_tiny_chain_style_sampled_search_is_identical_with_and_without_sharing(tiny_lm):
-    q = {"question": "Ann has 3 bags of 4 pears. How many pears?", "answer": "#### 12"}
-    problem = GSM8K(max_steps=3, samples_per_expand=2, max_new_tokens=8)
-    off = _solve(tiny_lm, problem, "off", BFS(breadth=2), x=q)
-    ex = _solve(tiny_lm, problem, "exact", BFS(breadth=2), x=q)
-    _same_tree(off, ex)
-    assert ex.stats["prefill_tokens"] < off.stats["prefill_tokens"] / 3
 
 
 @pytest.mark.real_model
