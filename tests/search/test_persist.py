@@ -13,12 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability_problems import (
     Words,
-    assert_same_tree,
     one_thread,  # noqa: F401  (an autouse fixture)
     tree_data,
 )
 
-from strategies import BFS, MCTS
+from strategies import MCTS
 from treesearch import SaveFileError, Searcher, SearchResult, ThoughtTree
 from treesearch.tasks.game24 import Game24, Game24State
 
@@ -69,21 +68,6 @@ def test_round_trip_of_exact_game24_states(tmp_path):
     back = SearchResult.load(res.save(tmp_path / "g.json"), p)
     assert back.tree.node(kid)["state"] == tree.node(kid)["state"]
     assert back.tree.node(kid)["state"].numbers[0] == Fraction(5, 2)
-
-
-def test_saved_mid_search_then_loaded_resumes(tiny_lm, tmp_path):
-    from reliability_problems import FailAt
-
-    full = Searcher(tiny_lm, Words(), BFS(breadth=2), progress=False).solve("cats")
-    s = Searcher(tiny_lm, FailAt("value_prompt", 5, KeyboardInterrupt()), BFS(breadth=2), progress=False)
-    with pytest.raises(KeyboardInterrupt) as info:
-        s.solve("cats")
-    path = info.value.partial_result.save(tmp_path / "mid.json")
-    loaded = SearchResult.load(path, Words())
-    assert loaded.status == "interrupted" and len(loaded.tree) < len(full.tree)
-    done = Searcher(tiny_lm, Words(), BFS(breadth=2), progress=False).resume(loaded)
-    # exact KV sharing with a fresh cache: same tokens and tree, floats equal to ~1e-6
-    assert_same_tree(tree_data(done, Words()), tree_data(full, Words()), exact=False)
 
 
 def saved_bytes(mcts_result, tmp_path) -> bytes:
@@ -156,16 +140,6 @@ def test_tree_files_are_checked_before_building(mcts_result, tmp_path, mutate, p
     path.write_text(json.dumps(data))
     with pytest.raises(SaveFileError, match=pattern):
         ThoughtTree.load(path, Words().state_from_json)
-
-
-def test_tree_save_load_round_trip_and_truncation(mcts_result, tmp_path):
-    path = tmp_path / "t.json"
-    mcts_result.tree.save(path, Words().state_to_json)
-    back = ThoughtTree.load(path, Words().state_from_json)
-    assert back.to_json(Words().state_to_json) == mcts_result.tree.to_json(Words().state_to_json)
-    path.write_bytes(path.read_bytes()[:-40])
-    with pytest.raises(SaveFileError, match="not valid JSON"):
-        ThoughtTree.load(path)
 
 
 def test_state_from_json_failure_is_a_clear_error(mcts_result, tmp_path):

@@ -81,15 +81,23 @@ def test_interrupted_search_resumes_from_file_to_the_uninterrupted_tree(
     assert resumed.tree.meta["previous_stats"][0]["model_calls"] == part.stats["model_calls"]
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_resume_with_exact_sharing_and_an_empty_cache(tiny_lm, name):
-    """Exact KV sharing: the resumed engine starts with an empty cache; the tree still matches."""
+EXACT = [(name, "memory", "expand_prompt", 3) for name in NAMES] + [("bfs", "file", "value_prompt", 5)]
+
+
+@pytest.mark.parametrize("name,via,method,at", EXACT, ids=[f"{c[0]}-{c[1]}" for c in EXACT])
+def test_resume_with_exact_sharing_and_an_empty_cache(tiny_lm, tmp_path, name, via, method, at):
+    """Exact KV sharing: the resumed engine starts with an empty cache; the tree still matches,
+    resumed from memory or from the file saved mid-search and read back by SearchResult.load."""
     ref = reference(tiny_lm, name, "exact")
-    s = searcher(tiny_lm, FailAt("expand_prompt", 3, KeyboardInterrupt()), name, kv="exact")
+    s = searcher(tiny_lm, FailAt(method, at, KeyboardInterrupt()), name, kv="exact")
     with pytest.raises(KeyboardInterrupt) as info:
         s.solve("cats")
     problem = Words()
-    resumed = searcher(tiny_lm, problem, name, kv="exact").resume(info.value.partial_result)
+    part = info.value.partial_result
+    if via == "file":
+        part = SearchResult.load(part.save(tmp_path / "mid.json"), problem)
+    assert part.status == "interrupted" and len(part.tree) < len(ref.tree)
+    resumed = searcher(tiny_lm, problem, name, kv="exact").resume(part)
     assert (resumed.best, resumed.answer) == (ref.best, ref.answer)
     assert_same_tree(tree_data(resumed, problem), tree_data(ref, problem), exact=False)
 

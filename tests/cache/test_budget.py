@@ -1,7 +1,8 @@
-"""Load: a search of more than 2,000 nodes under a tight KV budget (about a tenth of what the
-unbounded run holds) completes with the budget respected, every node's text and token context
-kept, and counters that add up. Also: a budget too small for the root prompt (the one thing that
-must stay cached) fails at the start with the minimum named, and that minimum runs the search.
+"""The KV cache budget end to end. Load: a search of more than 2,000 nodes under a tight KV budget
+(about a tenth of what the unbounded run holds) completes with the budget respected, every node's
+text and token context kept, and counters that add up. Also: a budget too small for the root
+prompt (the one thing that must stay cached) fails at the start with the minimum named, in one
+line from the command line, and that minimum runs the search.
 
 Runs torch single-threaded (restored afterwards): on a shared 2-core machine torch's spinning
 worker threads multiply wall time several-fold without changing a result.
@@ -107,13 +108,13 @@ def test_counters_are_exact_without_sharing(tiny_lm, one_thread):  # noqa: F811
 
 
 def test_a_budget_below_the_root_prompt_fails_at_start_and_raising_it_to_the_named_minimum_runs_the_search(
-    tiny_lm,
+    tiny_lm, tmp_path, monkeypatch, capsys
 ):
     """Too small a budget is refused before the first forward, naming the minimum (the root
-    prompt's blocks and the batch buffer that computes it). A search's later prompts may be
-    longer: a budget that fits the start may stop the search later, again naming what that call
-    needs, with the nodes found so far kept. Raising it to each named minimum ends in the
-    unbounded tree, with what did not fit recomputed."""
+    prompt's blocks and the batch buffer that computes it); `treesearch solve` says so in one line
+    (exit status 2). A search's later prompts may be longer: a budget that fits the start may stop
+    the search later, again naming what that call needs, with the nodes found so far kept. Raising
+    it to each named minimum ends in the unbounded tree, with what did not fit recomputed."""
     problem = Words(width=4, depth=2, max_new_tokens=4)
 
     def run(budget):
@@ -142,3 +143,15 @@ def test_a_budget_below_the_root_prompt_fails_at_start_and_raising_it_to_the_nam
     ]
     assert tight.stats["recomputed_tokens"] > 0 and full.stats["recomputed_tokens"] == 0
     assert tight.stats["peak_kv_bytes"] <= need < full.stats["peak_kv_bytes"]
+
+    from treesearch.cli.main import main
+
+    monkeypatch.chdir(tmp_path)  # where a partial search would be saved
+    argv = ["solve", "game24", "4 5 6 10", "--model", "tiny", "--no-progress", "--cache-budget", "1000"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1  # one line
+    assert err.startswith("treesearch: error: cache_budget=1000 bytes cannot run this call")
+    assert "raise --cache-budget to at least" in err
+    assert list(tmp_path.iterdir()) == []  # nothing searched, so no partial file
