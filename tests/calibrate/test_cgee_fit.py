@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treesearch.calibrate.cgee_fit import Dataset, binom_cdf, clopper_pearson_upper, fit, main, replay
+from treesearch.calibrate.cgee_fit import Dataset, binom_cdf, clopper_pearson_upper, fit, replay
+from treesearch.cli.calibrate import main
 from treesearch.common.config import RKSCConfig
 from treesearch.engine.local import Engine
 from treesearch.policies.cgee import (

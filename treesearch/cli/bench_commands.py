@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 
+SUBCOMMANDS = ("calibrate-asks", "claims")  # bench commands with their own parsers
+
 
 def build_subparser(name: str) -> argparse.ArgumentParser:
     """The parser of one bench subcommand (for the CLI's checks and for --help)."""
     if name == "calibrate-asks":
-        from treesearch.calibrate.asks_fit import build_parser
+        from treesearch.cli.calibrate_asks import build_parser
     elif name == "claims":
         from treesearch.cli.claims import build_parser
     else:
@@ -20,7 +22,7 @@ def build_subparser(name: str) -> argparse.ArgumentParser:
 def run_subcommand(name: str, argv: list[str]) -> int:
     """Run `treesearch bench NAME ARGV...`."""
     if name == "calibrate-asks":
-        from treesearch.calibrate.asks_fit import main
+        from treesearch.cli.calibrate_asks import main
     elif name == "claims":
         from treesearch.cli.claims import main
     else:

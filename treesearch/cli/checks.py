@@ -23,7 +23,7 @@ import argparse
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 from treesearch.common.config import RKSCConfig, Sampling
 from treesearch.common.errors import (
@@ -35,19 +35,6 @@ from treesearch.common.errors import (
     UsageError,
 )
 from treesearch.core.problem import Problem
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors (a missing argument, an invalid choice, "abc" for a number) are raised
-    as UsageError, one line, instead of printed after the usage text."""
-
-    def error(self, message: str) -> NoReturn:
-        raise usage_error(self.prog, message)
-
-
-def usage_error(prog: str, message: str) -> UsageError:
-    """A UsageError for an argparse message, pointing at the command's --help."""
-    return UsageError(f"{message}; see {prog} --help")
 
 
 def one_line(exc: BaseException) -> str:
@@ -122,9 +109,13 @@ def task_names() -> list[str]:
 
 
 def task_problem(task: str) -> Problem:
-    """The registered task's Problem with its default settings."""
+    """The registered task's Problem with its default settings (`task` by its long or short name)."""
     from treesearch.tasks import TASKS
+    from treesearch.tasks.names import TASK_NAMES, task_name
 
+    task = task_name(task)
+    if task not in TASKS and task in TASK_NAMES:
+        raise UsageError(f"task {task} has no search Problem; solve and run take {', '.join(task_names())}")
     if task not in TASKS:
         raise UsageError(f"unknown task {task!r}; choose from {', '.join(task_names())}")
     return TASKS[task]()
@@ -139,21 +130,21 @@ def check_task_input(problem: Problem, task: str, x: Any) -> None:
 
 
 def strategy_names() -> list[str]:
-    """The --strategy names (`strategies.FROM_CLI`), sorted."""
-    import strategies
+    """The --strategy names (`treesearch.cli.strategy_flags.STRATEGIES`), sorted."""
+    from treesearch.cli.strategy_flags import STRATEGIES
 
-    return sorted(strategies.FROM_CLI)
+    return sorted(STRATEGIES)
 
 
 def search_strategy(args: argparse.Namespace) -> Any:
-    """The strategy named by --strategy, built from the search flags by `strategies.FROM_CLI`."""
-    import strategies
+    """The strategy named by --strategy, built from the search flags (`strategy_flags.STRATEGIES`)."""
+    from treesearch.cli.strategy_flags import STRATEGIES
 
     name = args.strategy.lower()
-    if name not in strategies.FROM_CLI:
+    if name not in STRATEGIES:
         raise UsageError(f"unknown strategy {args.strategy!r}; choose from {', '.join(strategy_names())}")
     try:
-        return strategies.FROM_CLI[name](args)
+        return STRATEGIES[name](args)
     except (ConfigError, ValueError) as exc:
         raise UsageError(f"--strategy {name}: {one_line(exc)}") from None
 
@@ -240,34 +231,21 @@ def check_solve(args: argparse.Namespace) -> SolvePlan:
 def check_bench(argv: list[str]) -> argparse.Namespace:
     """`treesearch bench`'s arguments parsed and checked as `treesearch.cli.bench.main` reads them."""
     from treesearch.bench.modes import parse_modes
-    from treesearch.cli.bench import SUBCOMMANDS, build_parser, modes_for, parse_range
+    from treesearch.cli.bench import build_parser, modes_for, parse_range
+    from treesearch.cli.bench_commands import SUBCOMMANDS, build_subparser
 
-    if argv and argv[0] in SUBCOMMANDS:
-        from treesearch.cli.bench_commands import build_subparser
-
-        parser = build_subparser(argv[0])
-        argv = argv[1:]
-    else:
-        parser = build_parser()
-    parser.error = lambda message: _raise(usage_error(parser.prog, message))  # type: ignore[method-assign]
-    args = parser.parse_args(argv)
+    parser = build_subparser(argv[0]) if argv and argv[0] in SUBCOMMANDS else build_parser()
+    args = parser.parse_args(argv[1:] if argv and argv[0] in SUBCOMMANDS else argv)
     check_flags(args)
     if hasattr(args, "workload"):
-        try:
-            parse_modes(modes_for(args))
-            parse_range(args.rows, args.workload)
-        except SystemExit as exc:
-            raise UsageError(one_line(Exception(exc.code))) from None
+        parse_modes(modes_for(args))
+        parse_range(args.rows, args.workload)
     if getattr(args, "workload", None) in ("tree", "paraphrase") and args.task not in (None, "gsm8k"):
         raise UsageError(
             f"--task {args.task}: the {args.workload} workload runs on gsm8k only; leave --task out"
         )
     check_model_flags(args)
     return args
-
-
-def _raise(exc: BaseException) -> NoReturn:
-    raise exc
 
 
 def check_run(args: argparse.Namespace) -> SolvePlan:
