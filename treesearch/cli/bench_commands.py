@@ -1,9 +1,11 @@
-"""The bench commands with their own parsers: `treesearch bench calibrate-asks` and `treesearch bench
-claims`."""
+"""`treesearch bench`'s arguments checked before the model loads, and the bench commands with their own
+parsers: `treesearch bench calibrate-asks` and `treesearch bench claims`."""
 
 from __future__ import annotations
 
 import argparse
+
+from treesearch.common.errors import UsageError
 
 SUBCOMMANDS = ("calibrate-asks", "claims")  # bench commands with their own parsers
 
@@ -28,3 +30,23 @@ def run_subcommand(name: str, argv: list[str]) -> int:
     else:
         raise ValueError(f"unknown bench command {name!r}; use calibrate-asks or claims")
     return main(argv)
+
+
+def check_bench(argv: list[str]) -> argparse.Namespace:
+    """`treesearch bench`'s arguments parsed and checked as `treesearch.cli.bench.main` reads them."""
+    from treesearch.bench.modes import parse_modes
+    from treesearch.cli.bench import build_parser, modes_for, parse_range
+    from treesearch.cli.checks import check_flags, check_model_flags
+
+    parser = build_subparser(argv[0]) if argv and argv[0] in SUBCOMMANDS else build_parser()
+    args = parser.parse_args(argv[1:] if argv and argv[0] in SUBCOMMANDS else argv)
+    check_flags(args)
+    if hasattr(args, "workload"):
+        parse_modes(modes_for(args))
+        parse_range(args.rows, args.workload)
+    if getattr(args, "workload", None) in ("tree", "paraphrase") and args.task not in (None, "gsm8k"):
+        raise UsageError(
+            f"--task {args.task}: the {args.workload} workload runs on gsm8k only; leave --task out"
+        )
+    check_model_flags(args)
+    return args

@@ -5,9 +5,9 @@ path must not cost that. Each check turns a bad value into a `UsageError` whose 
 names the flag and the fix; the CLI prints it as `treesearch: error: ...` and exits with status 2.
 
 The checks are small functions over plain values or an argparse namespace, so every command
-(`solve`, `bench`, and `run` when it lands) calls the ones its flags need:
+(`solve`, `run`, `bench`) calls the ones its flags need:
 
-    problem = task_problem(args.task)          # unknown task
+    problem = task_problem(args.task)          # unknown task, or one with no search Problem
     check_task_input(problem, args.task, x)    # Problem.check_input: "1 2 3" is not a Game of 24 puzzle
     check_flags(args)                          # --breadth -2, --temperature -1, --threads 0 ...
     strategy = search_strategy(args)           # unknown --strategy, settings the strategy refuses
@@ -226,26 +226,6 @@ def check_solve(args: argparse.Namespace) -> SolvePlan:
         check_resume_file(args.resume)
     check_model_flags(args)
     return SolvePlan(problem=problem, strategy=strategy, sampling=sampling, config=config)
-
-
-def check_bench(argv: list[str]) -> argparse.Namespace:
-    """`treesearch bench`'s arguments parsed and checked as `treesearch.cli.bench.main` reads them."""
-    from treesearch.bench.modes import parse_modes
-    from treesearch.cli.bench import build_parser, modes_for, parse_range
-    from treesearch.cli.bench_commands import SUBCOMMANDS, build_subparser
-
-    parser = build_subparser(argv[0]) if argv and argv[0] in SUBCOMMANDS else build_parser()
-    args = parser.parse_args(argv[1:] if argv and argv[0] in SUBCOMMANDS else argv)
-    check_flags(args)
-    if hasattr(args, "workload"):
-        parse_modes(modes_for(args))
-        parse_range(args.rows, args.workload)
-    if getattr(args, "workload", None) in ("tree", "paraphrase") and args.task not in (None, "gsm8k"):
-        raise UsageError(
-            f"--task {args.task}: the {args.workload} workload runs on gsm8k only; leave --task out"
-        )
-    check_model_flags(args)
-    return args
 
 
 def check_run(args: argparse.Namespace) -> SolvePlan:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from treesearch.cli.backend import add_backend_args, backend_from_args, check_backend_flags
-from treesearch.cli.checks import check_bench, check_solve, one_line, task_names
+from treesearch.cli.bench_commands import check_bench
+from treesearch.cli.checks import check_solve, one_line, task_names
 from treesearch.cli.flags import add_json_flag, add_search_flags, add_task_argument
 from treesearch.cli.model_loading import load_model_or_fail, torch_threads
 from treesearch.cli.parser import ArgumentParser
