@@ -35,7 +35,7 @@ BENCH_ROWS = (900, 1000)  # the Game of 24 rows the benchmark measures: never ca
 
 def build_parser() -> argparse.ArgumentParser:
     from treesearch.calibrate import cgee_fit
-    from treesearch.cli.flags import add_task_flag, add_threads_flag, range_type
+    from treesearch.cli.flags import add_model_flag, add_task_flag, add_threads_flag, range_type
     from treesearch.cli.parser import ArgumentParser
 
     rows = range_type("800:810")
@@ -56,9 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="A:B",
         help="held-out rows to measure on (default: none, no held-out check)",
     )
-    p.add_argument(
-        "--model", default=None, help="model folder or id (default: embedded SmolLM2-135M-Instruct; 'tiny')"
-    )
+    add_model_flag(p)
     p.add_argument(
         "--proposer",
         default="model",

@@ -27,7 +27,7 @@ from treesearch.policies.asks_calibration import TARGET, decide, gate_path
 def build_parser() -> argparse.ArgumentParser:
     """The arguments of `treesearch bench calibrate-asks`."""
     from treesearch.calibrate import asks_fit
-    from treesearch.cli.flags import add_threads_flag, range_type
+    from treesearch.cli.flags import add_model_flag, add_threads_flag, range_type
     from treesearch.cli.parser import ArgumentParser
 
     rows = range_type("1000:1045")
@@ -57,9 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=TARGET,
         help="answer-change rate of attached rows to bound (95%% Wilson upper; default 0.05)",
     )
-    p.add_argument(
-        "--model", default=None, help="model folder or id (default: embedded SmolLM2-135M-Instruct; 'tiny')"
-    )
+    add_model_flag(p)
     p.add_argument(
         "--max-new-tokens", type=int, default=None, metavar="N", help="reasoning tokens (default 32)"
     )

@@ -42,7 +42,7 @@ KEEP_OUT = ("decisions", "machine")  # left out of the saved documents (long, or
 
 def build_parser() -> argparse.ArgumentParser:
     """The arguments of `treesearch bench claims`."""
-    from treesearch.cli.flags import add_json_flag, add_threads_flag
+    from treesearch.cli.flags import add_json_flag, add_model_flag, add_threads_flag
     from treesearch.cli.parser import ArgumentParser
 
     p = ArgumentParser(prog="treesearch bench claims", description=__doc__.split("\n\n")[0])
@@ -51,11 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="larger slices (much slower: an hour or more on a CPU; default: the small slices)",
     )
-    p.add_argument(
-        "--model",
-        default=None,
-        help="one more model for the across-models row (folder or id); the "
-        "other rows always use the default model (default: none more)",
+    add_model_flag(
+        p,
+        "one more model for the across-models row (folder or id); the other rows always use the default "
+        "model (default: none more)",
     )
     p.add_argument(
         "--only",

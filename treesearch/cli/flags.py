@@ -15,9 +15,14 @@ MODEL_HELP = (
 )
 
 
+def add_model_flag(p: argparse.ArgumentParser, model_help: str = MODEL_HELP) -> None:
+    """--model: the model a command loads (a folder, a cached id, 'tiny'; none: the default model)."""
+    p.add_argument("--model", default=None, help=model_help)
+
+
 def add_model_flags(p: argparse.ArgumentParser, model_help: str = MODEL_HELP) -> None:
     """--model, --device and --dtype: which model runs where."""
-    p.add_argument("--model", default=None, help=model_help)
+    add_model_flag(p, model_help)
     p.add_argument("--device", default=None, help="torch device, e.g. cuda (default: cpu)")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
 
