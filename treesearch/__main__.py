@@ -1,5 +1,7 @@
 """`python -m treesearch ...` runs the command line (as the `treesearch` script does)."""
 
+import sys
+
 from treesearch.cli.main import main
 
-raise SystemExit(main())
+sys.exit(main())

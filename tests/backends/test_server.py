@@ -19,7 +19,7 @@ from fake_servers import HangingServer, ScriptedServer, always, completion, mode
 from treesearch import RKSCConfig, Sampling, Searcher  # noqa: E402
 from treesearch.backends.http import root_url  # noqa: E402
 from treesearch.backends.server import ServerEngine, label_probs, token_char_offsets  # noqa: E402
-from treesearch.common.errors import ConfigError, ServerContextError, ServerError  # noqa: E402
+from treesearch.common.errors import ConfigError, ServerContextError, ServerError, UsageError  # noqa: E402
 
 
 def fake(answer_text: str = "x", **kw):
@@ -383,11 +383,13 @@ def test_solve_with_an_unreachable_server_says_so_in_one_line(capsys):
     assert rc == 2 and err.startswith("treesearch: error: GET http://127.0.0.1:") and "\n" not in err
 
 
-def test_server_backend_needs_a_base_url():
+def test_server_backend_needs_a_base_url(capsys):
     from treesearch.cli.main import main
 
-    with pytest.raises(SystemExit, match="--base-url"):
-        main(["solve", "game24", "4 5 6 10", "--backend", "server"])
+    assert main(["solve", "game24", "4 5 6 10", "--backend", "server"]) == 2
+    assert capsys.readouterr().err == (
+        "treesearch: error: the server backend needs --base-url, e.g. --base-url http://127.0.0.1:8000/v1\n"
+    )
 
 
 def test_bench_runs_the_server_mode_beside_exact(tmp_path):
@@ -430,7 +432,7 @@ def test_bench_runs_the_server_mode_beside_exact(tmp_path):
 def test_bench_server_mode_without_a_url_stops_before_running():
     from treesearch.cli.bench import main
 
-    with pytest.raises(SystemExit, match="needs --base-url"):
+    with pytest.raises(UsageError, match="needs --base-url"):
         main(["game24", "--range", "900:901", "--model", "tiny", "--modes", "exact,server", "--no-progress"])
 
 

@@ -15,6 +15,7 @@ from treesearch.bench.results import RunResult
 from treesearch.bench.runner import BenchRuns, ModeRuns
 from treesearch.cli.bench import main, parse_range
 from treesearch.common.config import RKSCConfig
+from treesearch.common.errors import UsageError
 
 REQUIRED = (
     "wall_s",
@@ -95,11 +96,11 @@ def test_votes():
 
 def test_cli_parsing():
     assert parse_modes("exact, nokv,exact") == ["exact", "nokv"]
-    with pytest.raises(SystemExit, match="unknown mode"):
+    with pytest.raises(UsageError, match="unknown mode"):
         parse_modes("nokv,vllm")
     assert parse_range(None, "game24") == (900, 903)
     assert parse_range("3:7", "branch") == (3, 7)
-    with pytest.raises(SystemExit, match="START:END"):
+    with pytest.raises(UsageError, match="START:END"):
         parse_range("3-7", "branch")
 
 

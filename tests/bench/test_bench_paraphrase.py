@@ -9,6 +9,7 @@ import pytest
 
 from treesearch.bench.paraphrase import load_items, orders, split_facts, wording
 from treesearch.common.config import RKSCConfig, Sampling
+from treesearch.common.errors import UsageError
 from treesearch.common.intervals import wilson
 from treesearch.engine.local import Engine
 from treesearch.policies import asks_calibration as asks_gate
@@ -38,7 +39,7 @@ def test_every_wording_of_a_question_has_the_same_tokens_in_another_order(tiny_l
 
 
 def test_load_items_refuses_one_wording():
-    with pytest.raises(SystemExit, match="at least 2 wordings"):
+    with pytest.raises(UsageError, match="at least 2 wordings"):
         load_items(0, 3, 1)
 
 
@@ -162,7 +163,7 @@ def test_paraphrase_bench_all_asks_modes_tiny(tmp_path, capsys):
 
 
 def test_calibrate_asks_writes_the_file_with_its_records_tiny(tmp_path):
-    from treesearch.calibrate.asks_fit import main
+    from treesearch.cli.calibrate_asks import main
 
     out = tmp_path / "tiny.asks.json"
     assert (

@@ -9,6 +9,7 @@ import pytest
 
 from treesearch import Engine, RKSCConfig, Sampling
 from treesearch.cli.bench import main as bench_main
+from treesearch.common.errors import UsageError
 
 
 def _first_greedy_token(tiny_lm, prompt: str) -> int:
@@ -79,5 +80,5 @@ def test_bench_branch_on_dummy_llama_1b_runs_fixed_lengths_and_says_so(tmp_path,
 
 
 def test_game24_refuses_fixed_lengths_and_names_the_workloads_that_run():
-    with pytest.raises(SystemExit, match="use the branch or tree workload"):
+    with pytest.raises(UsageError, match="use the branch or tree workload"):
         bench_main(["game24", "--model", "dummy:smollm2-135m", "--range", "900:901"])

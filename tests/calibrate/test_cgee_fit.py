@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treesearch.calibrate.cgee_fit import Dataset, binom_cdf, clopper_pearson_upper, fit, main, replay
+from treesearch.calibrate.cgee_fit import Dataset, binom_cdf, clopper_pearson_upper, fit, replay
+from treesearch.cli.calibrate import main
 from treesearch.common.config import RKSCConfig
 from treesearch.engine.local import Engine
 from treesearch.policies.cgee import (
@@ -370,3 +371,11 @@ def test_the_shipped_calibration_is_backed_by_1000_held_out_calls():
                 rej["step_errors"] > 0 or clopper_pearson_upper(rej["call_errors"], rej["calls"]) > 0.0037
             ), task
     assert data["tasks"]["game24"]["calibration"]["proposer"] == "model"
+
+
+def test_calibrate_takes_the_long_task_name_and_keeps_the_files_short_key(tiny_lm, tmp_path):
+    out = tmp_path / "tiny.json"
+    argv = ["--task", "arc_challenge", "--model", "tiny", "--range", "0:2", "--out", str(out)]
+    rc = main([*argv, "--target-error", "1"])
+    assert rc == 0
+    assert list(json.loads(out.read_text())["tasks"]) == ["arc"]  # the calibration file's key, as shipped

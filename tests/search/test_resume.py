@@ -19,8 +19,9 @@ from reliability_problems import (
 
 import strategies
 from treesearch import ResumeError, RKSCConfig, Searcher, SearchResult
+from treesearch.cli.strategy_flags import STRATEGIES
 
-NAMES = sorted(getattr(strategies, "FROM_CLI", {"bfs": None}))
+NAMES = sorted(STRATEGIES)
 
 
 def make_strategy(name: str):
@@ -34,9 +35,7 @@ def make_strategy(name: str):
         seed=0,
         strategy=name,
     )
-    if not hasattr(strategies, "FROM_CLI"):
-        return strategies.BFS(breadth=2)
-    return strategies.FROM_CLI[name](args)
+    return STRATEGIES[name](args)
 
 
 def searcher(lm, problem, name, kv="off", seed=0):

@@ -13,7 +13,7 @@ import math
 import pytest
 from recording import RecordingSearcher
 
-from strategies import BFS, DFS, FROM_CLI, MCTS, Beam
+from strategies import BFS, DFS, MCTS, Beam
 from strategies.testing import TableProblem, TableSearcher
 from treesearch.common.config import RKSCConfig
 from treesearch.common.errors import ConfigError
@@ -350,6 +350,7 @@ def test_strategies_are_keyword_only():
 def test_cli_registry_builds_each_strategy(name, cls):
     from treesearch.cli.checks import search_strategy
     from treesearch.cli.main import build_parser
+    from treesearch.cli.strategy_flags import STRATEGIES
 
     args = build_parser().parse_args(
         [
@@ -373,7 +374,7 @@ def test_cli_registry_builds_each_strategy(name, cls):
         ]
     )
     strategy = search_strategy(args)
-    assert type(strategy) is cls and name in FROM_CLI
+    assert type(strategy) is cls and name in STRATEGIES
     want = {
         "bfs": {"breadth": 3},
         "beam": {"width": 3},

@@ -25,15 +25,11 @@ from treesearch.policies.cgee import Branch, thresholds_for
 from treesearch.search.verifier import Verifier
 from treesearch.tasks.choice import extract_choice
 from treesearch.tasks.gsm8k import extract_number
+from treesearch.tasks.names import CALIBRATION_KEYS
 
 TEMPERATURE = 0.7
 TOP_P = 0.95
 MAX_NEW_TOKENS = {"gsm8k": 160, "arc_challenge": 96, "mmlu_stem": 96}
-CALIBRATION_TASK = {
-    "gsm8k": "gsm8k",
-    "arc_challenge": "arc",
-    "mmlu_stem": "mmlu",
-}  # keys of calibration/*.json
 
 
 def weighted_vote(answers: list[str | None], weights: list[float]) -> str | None:
@@ -51,7 +47,7 @@ def weighted_vote(answers: list[str | None], weights: list[float]) -> str | None
 def verifier(engine: Engine, config: RKSCConfig, model_name: str, task: str, out: RunResult) -> Verifier:
     """The search's Verifier over " yes" / " no", with the CGEE thresholds of the task (noted when CGEE is
     on)."""
-    key = CALIBRATION_TASK.get(task, task)
+    key = CALIBRATION_KEYS.get(task, task)
     if config.cgee:
         out.note(cgee_thresholds_note(config, model_name, key))
     return Verifier(engine, VERIFY_LABELS, config, thresholds_for(config, model_name, key))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treesearch.common.config import RKSCConfig
+from treesearch.common.errors import UsageError
 from treesearch.policies.cgee import load_thresholds, thresholds_for
 
 MODES = ("nokv", "exact", "asks", "asks-open", "cgee", "rksc", "server", "hf-cb")
@@ -63,11 +64,11 @@ def parse_modes(text: str) -> list[str]:
         if not name:
             continue
         if name not in MODES:
-            raise SystemExit(f"unknown mode {name!r}; choose from {', '.join(MODES)}")
+            raise UsageError(f"unknown mode {name!r}; choose from {', '.join(MODES)}")
         if name not in out:
             out.append(name)
     if not out:
-        raise SystemExit(f"no mode given; choose from {', '.join(MODES)}")
+        raise UsageError(f"no mode given; choose from {', '.join(MODES)}")
     return out
 
 

@@ -27,6 +27,7 @@ from treesearch.bench.engines import engine_for
 from treesearch.bench.prompts import VERIFY_SUFFIX
 from treesearch.bench.results import RunResult, Tick
 from treesearch.common.config import RKSCConfig, Sampling
+from treesearch.common.errors import UsageError
 from treesearch.models.load import LanguageModel
 from treesearch.tasks.datasets import load_gsm8k
 from treesearch.tasks.gsm8k import extract_number
@@ -75,7 +76,7 @@ def load_items(start: int, end: int, k: int = WORDINGS) -> tuple[list[Paraphrase
     """GSM8K test rows [start, end) with at least two facts, as k wordings each; and how many rows were
     left out."""
     if k < 2:
-        raise SystemExit(f"--wordings {k}: ASKS needs at least 2 wordings per question")
+        raise UsageError(f"--wordings {k}: ASKS needs at least 2 wordings per question")
     items, skipped = [], 0
     for row, item in enumerate(load_gsm8k(start, end), start):
         facts, question = split_facts(item.question)

@@ -22,6 +22,7 @@ from treesearch.bench.fixed_tree import run_tree
 from treesearch.bench.modes import cgee_thresholds_note
 from treesearch.bench.results import RunResult, Tick
 from treesearch.common.config import RKSCConfig
+from treesearch.common.errors import UsageError
 from treesearch.models.load import LanguageModel
 
 
@@ -131,7 +132,7 @@ def make_workload(
         from treesearch.tasks.game24 import load_puzzles
 
         if ignore_eos:
-            raise SystemExit(
+            raise UsageError(
                 "game24 cannot run at fixed lengths (its search parses the model's text); "
                 "with a dummy model use the branch or tree workload"
             )
@@ -151,7 +152,7 @@ def make_workload(
             "mmlu_stem": datasets.load_mmlu_stem,
         }
         if task not in loaders:
-            raise SystemExit(f"unknown task {task!r} for branch; choose from {', '.join(loaders)}")
+            raise UsageError(f"unknown task {task!r} for branch; choose from {', '.join(loaders)}")
         return Workload(
             "branch",
             task,
@@ -167,7 +168,7 @@ def make_workload(
         )
     if name == "tree":
         if task not in (None, "gsm8k"):
-            raise SystemExit(f"the tree workload runs on gsm8k only, not {task!r}")
+            raise UsageError(f"the tree workload runs on gsm8k only, not {task!r}")
         return Workload(
             "tree",
             "gsm8k",
@@ -179,9 +180,9 @@ def make_workload(
         from treesearch.bench.paraphrase import load_items, run_paraphrase
 
         if task not in (None, "gsm8k"):
-            raise SystemExit(f"the paraphrase workload runs on gsm8k only, not {task!r}")
+            raise UsageError(f"the paraphrase workload runs on gsm8k only, not {task!r}")
         if ignore_eos:
-            raise SystemExit(
+            raise UsageError(
                 "paraphrase cannot run at fixed lengths (it compares answers); use branch or tree"
             )
         items, skipped = load_items(start, end, wordings)
@@ -192,4 +193,4 @@ def make_workload(
             run_paraphrase,
             {"seed": seed, "max_new_tokens": max_new_tokens, "skipped": skipped},
         )
-    raise SystemExit(f"unknown workload {name!r}; choose from game24, branch, tree, paraphrase")
+    raise UsageError(f"unknown workload {name!r}; choose from game24, branch, tree, paraphrase")

@@ -22,7 +22,7 @@ and measure their decision error on held-out calls.
    Game of 24 value prompts repeat across puzzles, so the held-out figures are also given over
    the calls whose prompt the calibration set never saw ("unseen").
 The fitted values are merged into treesearch/calibration/<model>.json (or --out), which the
-Searcher uses when RKSCConfig.min_layer is None.
+Searcher uses when RKSCConfig.min_layer is None. The command's flags and steps: `treesearch.cli.calibrate`.
 
     treesearch calibrate --task game24 --range 700:900 --eval-range 1000:1200
     treesearch calibrate --task arc --range 1000:1172 --eval-range 0:1000
@@ -30,10 +30,8 @@ Searcher uses when RKSCConfig.min_layer is None.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,15 +40,12 @@ import numpy as np
 
 from treesearch.calibrate.sets import (
     Dataset,
-    collect_choice,
     collect_game24,  # noqa: F401
-    collect_game24_oracle,
     top_b,
 )
 from treesearch.policies.cgee import (
     Branch,
     Thresholds,
-    calibration_path,
     confidence_value,
     decisive_sets,
     exit_layers,
@@ -244,97 +239,6 @@ def _cost(o: Outcome) -> int:
     return o.layers_run  # skipped calls run no layers
 
 
-# -- command -----------------------------------------------------------------------------------------
-def _range(text: str) -> tuple[int, int]:
-    a, _, b = text.partition(":")
-    if not a.isdigit() or not b.isdigit() or int(b) <= int(a):
-        raise argparse.ArgumentTypeError(f"range {text!r}; use START:END with START < END, e.g. 800:810")
-    return int(a), int(b)
-
-
-DEFAULT_RANGES = {"game24": (800, 810), "arc": (1000, 1172), "mmlu": (2800, 3018)}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="treesearch calibrate", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--task", default="game24", choices=sorted(DEFAULT_RANGES), help="workload (default game24)"
-    )
-    p.add_argument(
-        "--range",
-        type=_range,
-        default=None,
-        metavar="A:B",
-        help="calibration rows (default: game24 800:810, arc 1000:1172; never the benchmark slice)",
-    )
-    p.add_argument(
-        "--eval-range", type=_range, default=None, metavar="A:B", help="held-out rows to measure on"
-    )
-    p.add_argument(
-        "--model", default=None, help="model folder or id (default: embedded SmolLM2-135M-Instruct; 'tiny')"
-    )
-    p.add_argument(
-        "--proposer",
-        default="model",
-        choices=["model", "legal"],
-        help="game24: 'model' runs real ToT searches (slow on CPU); 'legal' proposes every legal move "
-        "and verifies with the model (many real verification calls, no Level 1 data)",
-    )
-    p.add_argument(
-        "--breadth", type=int, default=5, help="BFS breadth of the calibration searches (default 5)"
-    )
-    p.add_argument(
-        "--out",
-        default=None,
-        metavar="PATH",
-        help="calibration file (default: the shipped one for the model)",
-    )
-    p.add_argument(
-        "--save-calls", default=None, metavar="PATH", help="also write the collected calls as JSON"
-    )
-    p.add_argument(
-        "--calls", default=None, metavar="PATH", help="fit on calls saved earlier instead of collecting"
-    )
-    p.add_argument("--eval-calls", default=None, metavar="PATH", help="held-out calls saved earlier")
-    p.add_argument(
-        "--target-error",
-        type=float,
-        default=TARGET_ERROR,
-        help="decision error the calibration set must certify at 95%% (default 0.0037, i.e. >= 996 calls)",
-    )
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--dry-run", action="store_true", help="print the result, write no calibration file")
-    return p
-
-
-def _collect(args, lm, rng: tuple[int, int], skip_prompts=(), checkpoint=None) -> Dataset:
-    if args.task == "game24" and args.proposer == "legal":
-        return collect_game24_oracle(
-            lm, *rng, breadth=args.breadth, log=_log, skip_prompts=skip_prompts, checkpoint=checkpoint
-        )
-    if args.task == "game24":
-        return collect_game24(lm, *rng, breadth=args.breadth, log=_log, checkpoint=checkpoint)
-    return collect_choice(lm, args.task, *rng, log=_log)
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _load_or_collect(args, path, rng, state, skip_prompts=(), checkpoint=None) -> Dataset:
-    if path:
-        return Dataset.from_json(json.loads(Path(path).read_text()))
-    if "lm" not in state:
-        from treesearch.models.load import load_model
-
-        if args.threads:
-            import torch
-
-            torch.set_num_threads(args.threads)
-        state["lm"] = load_model(args.model)
-    return _collect(args, state["lm"], rng, skip_prompts, checkpoint)
-
-
 def unseen_calls(ds: Dataset, hds: Dataset) -> np.ndarray | None:
     """Mask of the held-out calls whose prompt is not among the calibration calls (Game of 24 value
     prompts repeat across puzzles: "Numbers: 4 6"); None when the prompts were not recorded."""
@@ -357,87 +261,17 @@ def save(
     """Merge one task's fitted thresholds into a model's calibration file (`extra`: the held-out
     report as printed, and a rejected fit with its held-out figures, if any)."""
     data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"model": ds.model, "tasks": {}}
-    entry = dict(t.to_dict(), num_layers=int(ds.traj.shape[1]), calibration=dict(out.report(), **_meta(ds)))
+    entry = dict(t.to_dict(), num_layers=int(ds.traj.shape[1]), calibration=dict(out.report(), **meta_of(ds)))
     if held is not None and hds is not None:
-        entry["heldout"] = dict(held.report(), **_meta(hds))
+        entry["heldout"] = dict(held.report(), **meta_of(hds))
     entry.update(extra or {})
     data["tasks"][ds.task] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
-def _meta(ds: Dataset) -> dict:
+def meta_of(ds: Dataset) -> dict:
     return {k: v for k, v in ds.meta.items() if k != "prompts"}
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    rng = args.range or DEFAULT_RANGES[args.task]
-    if args.task == "game24" and rng[0] < 1000 and rng[1] > 900:
-        raise SystemExit(
-            f"--range {rng[0]}:{rng[1]} overlaps the Game of 24 benchmark rows 900:1000; pick others"
-        )
-    if args.eval_range and args.task == "game24" and args.eval_range[0] < 1000 and args.eval_range[1] > 900:
-        raise SystemExit("--eval-range overlaps the Game of 24 benchmark rows 900:1000; pick others")
-    if args.eval_range and not args.calls and args.eval_range[0] < rng[1] and rng[0] < args.eval_range[1]:
-        raise SystemExit(
-            f"--eval-range {args.eval_range[0]}:{args.eval_range[1]} overlaps --range {rng[0]}:{rng[1]}; "
-            "held-out rows must be other rows"
-        )
-    state: dict = {}
-    keep = None
-    if args.save_calls and not args.calls:
-
-        def keep(d):
-            Path(args.save_calls).write_text(json.dumps(d.to_json()))
-
-    ds = _load_or_collect(args, args.calls, rng, state, checkpoint=keep)
-    if args.save_calls:
-        Path(args.save_calls).write_text(json.dumps(ds.to_json()))
-    t, out = fit(ds, args.target_error)
-    result = {
-        "task": ds.task,
-        "model": ds.model,
-        "thresholds": t.to_dict(),
-        "calibration": dict(out.report(), **_meta(ds)),
-    }
-    held = hds = None
-    if args.eval_range or args.eval_calls:
-        dump = None
-        if args.save_calls and not args.eval_calls:
-
-            def dump(d):
-                Path(args.save_calls + ".heldout.json").write_text(json.dumps(d.to_json()))
-
-        hds = _load_or_collect(
-            args,
-            args.eval_calls,
-            args.eval_range,
-            state,
-            skip_prompts=ds.meta.get("prompts", ()),
-            checkpoint=dump,
-        )
-        if dump is not None:
-            dump(hds)
-        held = replay(hds, t)
-        unseen = unseen_calls(ds, hds)
-        result["heldout"] = _held_report(hds, t, held, unseen)
-        why = uncertified(held, args.target_error)
-        if why and t != never(ds):
-            # the fit erred on unseen calls or cannot show the target error there: it is not shipped
-            result["rejected"] = {"thresholds": t.to_dict(), "heldout": result["heldout"], "why": why}
-            t = never(ds)
-            out, held = replay(ds, t), replay(hds, t)
-            result["thresholds"] = t.to_dict()
-            result["calibration"] = dict(out.report(), **_meta(ds))
-            result["heldout"] = _held_report(hds, t, held, unseen)
-            _log(f"fitted thresholds rejected on the held-out calls ({why}); keeping CGEE off for this task")
-    print(json.dumps(result, indent=1))
-    if not args.dry_run:
-        path = Path(args.out) if args.out else calibration_path(ds.model)
-        save(ds, t, out, held, path, hds, {k: result[k] for k in ("heldout", "rejected") if k in result})
-        _log(f"wrote {path}")
-    return 0
 
 
 def never(ds: Dataset) -> Thresholds:
@@ -459,8 +293,8 @@ def uncertified(held: Outcome, target_error: float) -> str | None:
     return None
 
 
-def _held_report(hds: Dataset, t: Thresholds, held: Outcome, unseen: np.ndarray | None) -> dict:
-    rep = dict(held.report(), **_meta(hds))
+def held_report(hds: Dataset, t: Thresholds, held: Outcome, unseen: np.ndarray | None) -> dict:
+    rep = dict(held.report(), **meta_of(hds))
     if unseen is not None and not unseen.all():
         rep["unseen"] = replay(hds, t, calls=unseen).report()
     return rep

@@ -16,6 +16,8 @@ import json
 import os
 from typing import Any
 
+from treesearch.common.errors import UsageError
+
 API_KEY_VARS = ("TREESEARCH_API_KEY", "OPENAI_API_KEY")
 
 
@@ -27,7 +29,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "is read from " + " or ".join(API_KEY_VARS),
     )
     g.add_argument(
-        "--base-url", default=None, metavar="URL", help="the server's URL, e.g. http://127.0.0.1:8000/v1"
+        "--base-url",
+        default=None,
+        metavar="URL",
+        help="the server's URL, e.g. http://127.0.0.1:8000/v1 (default: none; the server backend needs it)",
     )
     g.add_argument(
         "--server-model",
@@ -74,7 +79,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "--server-extra",
         default=None,
         metavar="JSON",
-        help="fields added to every completion request, e.g. '{\"top_k\": 0}'",
+        help="fields added to every completion request, e.g. '{\"top_k\": 0}' (default: none)",
     )
     return g
 
@@ -95,22 +100,31 @@ def api_key_from_env() -> str | None:
     return next((os.environ[v] for v in API_KEY_VARS if os.environ.get(v)), None)
 
 
-def server_from_args(args: argparse.Namespace) -> Any:
-    """The ServerEngine the server options describe (SystemExit with the fix when one is missing)."""
+def server_extra(args: argparse.Namespace) -> dict | None:
+    """The server options checked without contacting the server: --base-url is given and --server-extra,
+    if given, is a JSON object (returned); a UsageError with the fix otherwise."""
     if not args.base_url:
-        raise SystemExit(
-            "treesearch: the server backend needs --base-url, e.g. --base-url http://127.0.0.1:8000/v1"
-        )
-    extra = None
-    if args.server_extra:
-        try:
-            extra = json.loads(args.server_extra)
-        except ValueError as err:
-            raise SystemExit(
-                f"treesearch: --server-extra is not JSON ({err}); write e.g. '{{\"top_k\": 0}}'"
-            ) from None
-        if not isinstance(extra, dict):
-            raise SystemExit("treesearch: --server-extra must be a JSON object, e.g. '{\"top_k\": 0}'")
+        raise UsageError("the server backend needs --base-url, e.g. --base-url http://127.0.0.1:8000/v1")
+    if not args.server_extra:
+        return None
+    try:
+        extra = json.loads(args.server_extra)
+    except ValueError as err:
+        raise UsageError(f"--server-extra is not JSON ({err}); write e.g. '{{\"top_k\": 0}}'") from None
+    if not isinstance(extra, dict):
+        raise UsageError("--server-extra must be a JSON object, e.g. '{\"top_k\": 0}'")
+    return extra
+
+
+def check_backend_flags(args: argparse.Namespace) -> None:
+    """With --backend server, the server options (see `server_extra`), before anything is written."""
+    if getattr(args, "backend", "local") == "server":
+        server_extra(args)
+
+
+def server_from_args(args: argparse.Namespace) -> Any:
+    """The ServerEngine the server options describe (a UsageError with the fix when one is missing)."""
+    extra = server_extra(args)
     from treesearch.backends.server import ServerEngine
 
     try:
@@ -126,7 +140,7 @@ def server_from_args(args: argparse.Namespace) -> Any:
             logprobs=args.server_logprobs == "on",
         )
     except ImportError as err:
-        raise SystemExit(f"treesearch: {err}") from None
+        raise UsageError(str(err)) from None
 
 
 def backend_from_args(args: argparse.Namespace) -> Any:

@@ -25,13 +25,26 @@ import subprocess
 import sys
 from pathlib import Path
 
+from treesearch.common.errors import UsageError
+
 DEFAULT_RANGES = {"game24": (900, 903), "branch": (0, 5), "tree": (0, 2), "paraphrase": (0, 8)}
 DEFAULT_MODES = {"paraphrase": "nokv,exact,asks,asks-open"}
-SUBCOMMANDS = ("calibrate-asks", "claims")  # bench commands with their own parsers
+BRANCH_TASKS = ("gsm8k", "arc_challenge", "mmlu_stem")  # the branch workload's datasets
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from treesearch.cli.backend import add_server_args
+    from treesearch.cli.flags import (
+        add_json_flag,
+        add_model_flags,
+        add_progress_flag,
+        add_seed_flag,
+        add_task_flag,
+        add_threads_flag,
+    )
+    from treesearch.cli.parser import ArgumentParser
+
+    p = ArgumentParser(
         prog="treesearch bench", description="Benchmark nokv, exact, cgee, rksc and hf-cb side by side."
     )
     p.add_argument(
@@ -39,18 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["game24", "branch", "tree", "paraphrase"],
         help="also: 'treesearch bench calibrate-asks --help', 'treesearch bench claims --help'",
     )
-    p.add_argument(
-        "--task",
-        default=None,
-        choices=["gsm8k", "arc_challenge", "mmlu_stem"],
-        help="branch: dataset (default gsm8k); tree: gsm8k only",
-    )
+    add_task_flag(p, BRANCH_TASKS, None, "branch: dataset (default gsm8k); tree: gsm8k only")
     p.add_argument(
         "--range",
         dest="rows",
         default=None,
         metavar="START:END",
-        help="input rows [START, END) (default: game24 900:903, branch 0:5, tree 0:2)",
+        help="input rows [START, END) (default: game24 900:903, branch 0:5, tree 0:2, paraphrase 0:8)",
     )
     p.add_argument(
         "--modes",
@@ -68,19 +76,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="paraphrase: wordings per question (2-4 fact orders; default 4)",
     )
     p.add_argument("--repeat", type=int, default=1, help="timed rounds after the warm-up (median and spread)")
-    p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write everything as JSON")
-    p.add_argument("--plot", default=None, metavar="PATH", help="write a PNG (speedup and tokens per mode)")
+    add_json_flag(p, "everything")
     p.add_argument(
-        "--model",
+        "--plot",
         default=None,
-        help="model folder or id (default: embedded SmolLM2-135M-Instruct; "
+        metavar="PATH",
+        help="write a PNG (speedup and tokens per mode; default: none)",
+    )
+    add_model_flags(
+        p,
+        "model folder or id (default: embedded SmolLM2-135M-Instruct; "
         "'tiny' = random test model; 'dummy:NAME' = random weights of a real shape, fixed lengths, "
         "e.g. dummy:llama-3.1-8b)",
     )
-    p.add_argument("--device", default=None, help="torch device (default cpu), e.g. cuda")
-    p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
     p.add_argument("--branches", type=int, default=8, help="branch: branches per question (default 8)")
-    p.add_argument("--seed", type=int, default=0)
+    add_seed_flag(p)
     p.add_argument(
         "--fixed-length",
         action="store_true",
@@ -116,16 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="game24: also run each engine mode with N searches in flight (solve_many), beside the "
         "sequential run (default 1: sequential only)",
     )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        metavar="N",
-        help="torch CPU threads for the run (default: torch's own; 1 is faster on a busy machine)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    from treesearch.cli.backend import add_server_args
-
+    add_threads_flag(p)
+    add_progress_flag(p)
     add_server_args(p)  # the server mode's server
     return p
 
@@ -136,9 +138,9 @@ def parse_range(text: str | None, workload: str) -> tuple[int, int]:
     try:
         start, end = (int(x) for x in text.split(":"))
     except ValueError:
-        raise SystemExit(f"--range {text!r}; write START:END, e.g. 900:903") from None
+        raise UsageError(f"--range {text!r}; write START:END, e.g. 900:903") from None
     if not 0 <= start < end:
-        raise SystemExit(f"--range {text!r}; need 0 <= START < END")
+        raise UsageError(f"--range {text!r}; need 0 <= START < END")
     return start, end
 
 
@@ -186,11 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     args.modes = modes_for(args)
     names = concurrent_names(parse_modes(args.modes), args.concurrency)
     if args.concurrency > 1 and args.workload != "game24":
-        raise SystemExit(
+        raise UsageError(
             f"--concurrency runs searches at once: the game24 workload has them, {args.workload} does not"
         )
     if args.repeat < 1:
-        raise SystemExit("--repeat must be at least 1")
+        raise UsageError("--repeat must be at least 1")
     start, end = parse_range(args.rows, args.workload)
 
     from treesearch.bench.results import FIXED_LENGTH_NOTE
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.fixed_length:
         print("note: --fixed-length: every generation runs its full length (EOS and stop strings ignored)")
     if not workload.items:
-        raise SystemExit(f"--range {start}:{end} selects no rows")
+        raise UsageError(f"--range {start}:{end} selects no rows")
     import torch
 
     threads_before = torch.get_num_threads()
@@ -235,12 +237,8 @@ def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: 
     server = None
     if "server" in names:  # before the model loads: a missing URL or a dead server fails at once
         from treesearch.cli.backend import server_from_args
-        from treesearch.common.errors import TreeSearchError
 
-        try:
-            server = server_from_args(args)
-        except TreeSearchError as err:
-            raise SystemExit(f"treesearch bench: {err}") from None
+        server = server_from_args(args)
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     bar = None
     if not args.no_progress:

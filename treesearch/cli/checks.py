@@ -5,9 +5,9 @@ path must not cost that. Each check turns a bad value into a `UsageError` whose 
 names the flag and the fix; the CLI prints it as `treesearch: error: ...` and exits with status 2.
 
 The checks are small functions over plain values or an argparse namespace, so every command
-(`solve`, `bench`, and `run` when it lands) calls the ones its flags need:
+(`solve`, `run`, `bench`) calls the ones its flags need:
 
-    problem = task_problem(args.task)          # unknown task
+    problem = task_problem(args.task)          # unknown task, or one with no search Problem
     check_task_input(problem, args.task, x)    # Problem.check_input: "1 2 3" is not a Game of 24 puzzle
     check_flags(args)                          # --breadth -2, --temperature -1, --threads 0 ...
     strategy = search_strategy(args)           # unknown --strategy, settings the strategy refuses
@@ -23,7 +23,7 @@ import argparse
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 from treesearch.common.config import RKSCConfig, Sampling
 from treesearch.common.errors import (
@@ -35,19 +35,6 @@ from treesearch.common.errors import (
     UsageError,
 )
 from treesearch.core.problem import Problem
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors (a missing argument, an invalid choice, "abc" for a number) are raised
-    as UsageError, one line, instead of printed after the usage text."""
-
-    def error(self, message: str) -> NoReturn:
-        raise usage_error(self.prog, message)
-
-
-def usage_error(prog: str, message: str) -> UsageError:
-    """A UsageError for an argparse message, pointing at the command's --help."""
-    return UsageError(f"{message}; see {prog} --help")
 
 
 def one_line(exc: BaseException) -> str:
@@ -122,9 +109,13 @@ def task_names() -> list[str]:
 
 
 def task_problem(task: str) -> Problem:
-    """The registered task's Problem with its default settings."""
+    """The registered task's Problem with its default settings (`task` by its long or short name)."""
     from treesearch.tasks import TASKS
+    from treesearch.tasks.names import TASK_NAMES, task_name
 
+    task = task_name(task)
+    if task not in TASKS and task in TASK_NAMES:
+        raise UsageError(f"task {task} has no search Problem; solve and run take {', '.join(task_names())}")
     if task not in TASKS:
         raise UsageError(f"unknown task {task!r}; choose from {', '.join(task_names())}")
     return TASKS[task]()
@@ -139,21 +130,21 @@ def check_task_input(problem: Problem, task: str, x: Any) -> None:
 
 
 def strategy_names() -> list[str]:
-    """The --strategy names (`strategies.FROM_CLI`), sorted."""
-    import strategies
+    """The --strategy names (`treesearch.cli.strategy_flags.STRATEGIES`), sorted."""
+    from treesearch.cli.strategy_flags import STRATEGIES
 
-    return sorted(strategies.FROM_CLI)
+    return sorted(STRATEGIES)
 
 
 def search_strategy(args: argparse.Namespace) -> Any:
-    """The strategy named by --strategy, built from the search flags by `strategies.FROM_CLI`."""
-    import strategies
+    """The strategy named by --strategy, built from the search flags (`strategy_flags.STRATEGIES`)."""
+    from treesearch.cli.strategy_flags import STRATEGIES
 
     name = args.strategy.lower()
-    if name not in strategies.FROM_CLI:
+    if name not in STRATEGIES:
         raise UsageError(f"unknown strategy {args.strategy!r}; choose from {', '.join(strategy_names())}")
     try:
-        return strategies.FROM_CLI[name](args)
+        return STRATEGIES[name](args)
     except (ConfigError, ValueError) as exc:
         raise UsageError(f"--strategy {name}: {one_line(exc)}") from None
 
@@ -235,39 +226,6 @@ def check_solve(args: argparse.Namespace) -> SolvePlan:
         check_resume_file(args.resume)
     check_model_flags(args)
     return SolvePlan(problem=problem, strategy=strategy, sampling=sampling, config=config)
-
-
-def check_bench(argv: list[str]) -> argparse.Namespace:
-    """`treesearch bench`'s arguments parsed and checked as `treesearch.cli.bench.main` reads them."""
-    from treesearch.bench.modes import parse_modes
-    from treesearch.cli.bench import SUBCOMMANDS, build_parser, modes_for, parse_range
-
-    if argv and argv[0] in SUBCOMMANDS:
-        from treesearch.cli.bench_commands import build_subparser
-
-        parser = build_subparser(argv[0])
-        argv = argv[1:]
-    else:
-        parser = build_parser()
-    parser.error = lambda message: _raise(usage_error(parser.prog, message))  # type: ignore[method-assign]
-    args = parser.parse_args(argv)
-    check_flags(args)
-    if hasattr(args, "workload"):
-        try:
-            parse_modes(modes_for(args))
-            parse_range(args.rows, args.workload)
-        except SystemExit as exc:
-            raise UsageError(one_line(Exception(exc.code))) from None
-    if getattr(args, "workload", None) in ("tree", "paraphrase") and args.task not in (None, "gsm8k"):
-        raise UsageError(
-            f"--task {args.task}: the {args.workload} workload runs on gsm8k only; leave --task out"
-        )
-    check_model_flags(args)
-    return args
-
-
-def _raise(exc: BaseException) -> NoReturn:
-    raise exc
 
 
 def check_run(args: argparse.Namespace) -> SolvePlan:

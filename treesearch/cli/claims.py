@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from treesearch.common.errors import UsageError
+
 # name -> (bench arguments, small slice, full slice)
 RUNS: dict[str, tuple[list[str], str, str]] = {
     "game24": (["game24", "--modes", "nokv,exact,cgee,rksc"], "900:901", "900:905"),
@@ -40,15 +42,19 @@ KEEP_OUT = ("decisions", "machine")  # left out of the saved documents (long, or
 
 def build_parser() -> argparse.ArgumentParser:
     """The arguments of `treesearch bench claims`."""
-    p = argparse.ArgumentParser(prog="treesearch bench claims", description=__doc__.split("\n\n")[0])
+    from treesearch.cli.flags import add_json_flag, add_model_flag, add_threads_flag
+    from treesearch.cli.parser import ArgumentParser
+
+    p = ArgumentParser(prog="treesearch bench claims", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--full", action="store_true", help="larger slices (much slower: an hour or more on a CPU)"
+        "--full",
+        action="store_true",
+        help="larger slices (much slower: an hour or more on a CPU; default: the small slices)",
     )
-    p.add_argument(
-        "--model",
-        default=None,
-        help="one more model for the across-models row (folder or id); the "
-        "other rows always use the default model",
+    add_model_flag(
+        p,
+        "one more model for the across-models row (folder or id); the other rows always use the default "
+        "model (default: none more)",
     )
     p.add_argument(
         "--only",
@@ -56,17 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAMES",
         help=f"comma-separated subset of {','.join([*RUNS, 'models'])} (default: all)",
     )
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads for every run")
+    add_threads_flag(p)
+    add_json_flag(p, "the table and the runs")
     p.add_argument(
-        "--json", dest="json_path", default=None, metavar="PATH", help="write the table and the runs"
+        "--markdown", default=None, metavar="PATH", help="write the table as markdown (default: none)"
     )
-    p.add_argument("--markdown", default=None, metavar="PATH", help="write the table as markdown")
     p.add_argument(
         "--from",
         dest="saved",
         default=None,
         metavar="PATH",
-        help="rebuild the table from the runs of an earlier --json file (no model run)",
+        help="rebuild the table from the runs of an earlier --json file (no model run; default: run them)",
     )
     return p
 
@@ -76,7 +82,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     names = [*RUNS, "models"] if args.only is None else [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in RUNS and n != "models"]
     if unknown:
-        raise SystemExit(f"--only {','.join(unknown)}: choose from {','.join([*RUNS, 'models'])}")
+        raise UsageError(f"--only {','.join(unknown)}: choose from {','.join([*RUNS, 'models'])}")
     extra = ["--threads", str(args.threads)] if args.threads else []
     out = []
     for name in names:
@@ -105,7 +111,7 @@ def run_bench(argv: list[str]) -> dict:
         path = Path(tmp) / "run.json"
         code = main([*argv, "--json", str(path), "--no-progress"])
         if code != 0:
-            raise SystemExit(f"treesearch bench {' '.join(argv)} exited {code}")
+            raise UsageError(f"treesearch bench {' '.join(argv)} exited {code}")
         return json.loads(path.read_text())
 
 
@@ -180,7 +186,7 @@ def _rebuild(args: argparse.Namespace) -> int:
 
     path = Path(args.saved)
     if not path.exists():
-        raise SystemExit(
+        raise UsageError(
             f"--from {path}: no such file; give a file written by treesearch bench claims --json"
         )
     saved = json.loads(path.read_text())

@@ -1,25 +1,34 @@
-"""The flags of a search (model, threads, KV sharing, CGEE, strategy, sampling), shared by
-`treesearch solve` and `treesearch run`."""
+"""The flags several commands share, each defined once here (the server flags: `treesearch.cli.backend`):
+the model, threads, seed, progress and JSON output flags, the task argument, and the search flags of
+`treesearch solve` and `treesearch run`. A command composes the groups it needs."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from treesearch.cli.checks import strategy_names
+from treesearch.tasks.names import aliases_of, task_name
+
+MODEL_HELP = (
+    "HF model folder or cached id (default: embedded SmolLM2-135M-Instruct; 'tiny' for a random test model)"
+)
 
 
-def add_search_flags(p: argparse.ArgumentParser) -> None:
-    """The flags of a search (model, KV sharing, strategy, sampling), shared by solve and run."""
-    p.add_argument(
-        "--model",
-        default=None,
-        help=(
-            "HF model folder or cached id (default: embedded SmolLM2-135M-Instruct; "
-            "'tiny' for a random test model)"
-        ),
-    )
-    p.add_argument("--device", default=None, help="torch device (default cpu)")
+def add_model_flag(p: argparse.ArgumentParser, model_help: str = MODEL_HELP) -> None:
+    """--model: the model a command loads (a folder, a cached id, 'tiny'; none: the default model)."""
+    p.add_argument("--model", default=None, help=model_help)
+
+
+def add_model_flags(p: argparse.ArgumentParser, model_help: str = MODEL_HELP) -> None:
+    """--model, --device and --dtype: which model runs where."""
+    add_model_flag(p, model_help)
+    p.add_argument("--device", default=None, help="torch device, e.g. cuda (default: cpu)")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+
+
+def add_threads_flag(p: argparse.ArgumentParser) -> None:
+    """--threads N: torch's CPU threads while the command runs."""
     p.add_argument(
         "--threads",
         type=int,
@@ -27,6 +36,54 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="torch CPU threads for the run (default: torch's own; 1 is faster on a busy machine)",
     )
+
+
+def add_seed_flag(p: argparse.ArgumentParser) -> None:
+    """--seed: the seed of every random choice the command makes."""
+    p.add_argument("--seed", type=int, default=0, help="random seed of the search and its sampling")
+
+
+def add_progress_flag(p: argparse.ArgumentParser) -> None:
+    """--no-progress: no progress bar on stderr."""
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_json_flag(p: argparse.ArgumentParser, what: str) -> None:
+    """--json PATH: write the command's result as JSON."""
+    p.add_argument(
+        "--json", dest="json_path", default=None, metavar="PATH", help=f"write {what} as JSON (default: none)"
+    )
+
+
+def task_choice(names: list[str] | tuple[str, ...]) -> str:
+    """The help text's list of task names, with their short aliases."""
+    aliases = aliases_of(names)
+    return ", ".join(names) + (f" ({aliases})" if aliases else "")
+
+
+def add_task_argument(p: argparse.ArgumentParser, names: list[str]) -> None:
+    """The positional TASK of solve and run: a long or short task name (the command checks it)."""
+    p.add_argument("task", type=task_name, help=f"task name: {task_choice(names)}")
+
+
+def add_task_flag(p: argparse.ArgumentParser, names: tuple[str, ...], default: str | None, help: str) -> None:
+    """--task NAME, one of `names` (long names; the short aliases are taken too)."""
+    aliases = aliases_of(names)
+    p.add_argument(
+        "--task",
+        type=task_name,
+        default=default,
+        choices=names,
+        help=help + (f"; {aliases}" if aliases else ""),
+    )
+
+
+def add_search_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of a search (model, KV sharing, strategy, sampling), shared by solve and run."""
+    from strategies import DFS, MCTS
+
+    add_model_flags(p)
+    add_threads_flag(p)
     p.add_argument(
         "--kv", default="exact", choices=["off", "exact", "asks"], help="KV sharing mode (default exact)"
     )
@@ -44,10 +101,30 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", default="bfs", help=f"one of {', '.join(strategy_names())} (default bfs)")
     p.add_argument("--breadth", type=int, default=5, help="BFS/beam: states kept per step (default 5)")
     p.add_argument("--depth", type=int, default=None, help="depth limit (default: the task's)")
-    p.add_argument("--iterations", type=int, default=None, help="MCTS iterations")
-    p.add_argument("--exploration", type=float, default=None, help="MCTS exploration constant")
-    p.add_argument("--threshold", type=float, default=None, help="DFS: prune below this value")
-    p.add_argument("--max-states", type=int, default=None, help="DFS: state budget")
+    p.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help=f"MCTS iterations (default: MCTS's own, {MCTS.iterations})",
+    )
+    p.add_argument(
+        "--exploration",
+        type=float,
+        default=None,
+        help=f"MCTS exploration constant (default: MCTS's own, {MCTS.exploration:g})",
+    )
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="DFS: prune below this value (default: none, prune nothing)",
+    )
+    p.add_argument(
+        "--max-states",
+        type=int,
+        default=None,
+        help=f"DFS: state budget (default: DFS's own, {DFS.max_states})",
+    )
     p.add_argument(
         "--temperature",
         type=float,
@@ -55,5 +132,19 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
         help="0 = greedy (default: the task's own; game24 is greedy, gsm8k samples at 0.7)",
     )
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (default: the task's own)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_seed_flag(p)
+    add_progress_flag(p)
+
+
+def range_type(example: str) -> Callable[[str], tuple[int, int]]:
+    """An argparse type for a START:END row range (START < END); `example` goes into its error."""
+
+    def parse(text: str) -> tuple[int, int]:
+        a, _, b = text.partition(":")
+        if not a.isdigit() or not b.isdigit() or int(b) <= int(a):
+            raise argparse.ArgumentTypeError(
+                f"range {text!r}; use START:END with START < END, e.g. {example}"
+            )
+        return int(a), int(b)
+
+    return parse

@@ -1,9 +1,10 @@
 """Command line: `treesearch solve TASK INPUT`, `treesearch run TASK`, `treesearch bench`, `treesearch
 calibrate`.
 
-Every argument is checked before the model loads (`treesearch.cli.checks`); a bad one is reported
-in one line, `treesearch: error: ...`, with exit status 2. Heavy libraries (torch, transformers)
-are imported only after those checks, so `--help` and argument errors stay fast.
+Every argument is checked before the model loads (`treesearch.cli.checks`). Whichever module finds a bad
+one raises `UsageError`; `main` is the one place it (or any other TreeSearchError) becomes one line,
+`treesearch: error: ...`, with exit status 2. Heavy libraries (torch, transformers) are imported only
+after those checks, so `--help` and argument errors stay fast.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from treesearch.cli.backend import add_backend_args, backend_from_args
-from treesearch.cli.checks import ArgumentParser, check_bench, check_solve, one_line, task_names
-from treesearch.cli.flags import add_search_flags
+from treesearch.cli.backend import add_backend_args, backend_from_args, check_backend_flags
+from treesearch.cli.bench_commands import check_bench
+from treesearch.cli.checks import check_solve, one_line, task_names
+from treesearch.cli.flags import add_json_flag, add_search_flags, add_task_argument
 from treesearch.cli.model_loading import load_model_or_fail, torch_threads
-from treesearch.common.errors import TreeSearchError, UsageError
+from treesearch.cli.parser import ArgumentParser
+from treesearch.common.errors import TreeSearchError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,19 +32,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     solve = sub.add_parser("solve", help="solve one input of a task and show the tree")
-    solve.add_argument("task", help=f"task name: {', '.join(task_names())}")
+    add_task_argument(solve, task_names())
     solve.add_argument("input", help='task input, e.g. "4 5 6 10" for game24 or a word problem for gsm8k')
     solve.add_argument("--max-nodes", type=int, default=60, help="nodes shown in the text view")
     solve.add_argument(
         "--resume",
         default=None,
         metavar="PATH",
-        help="continue the search saved at PATH (written when a search stops on an error or Ctrl-C)",
+        help="continue the search saved at PATH (written when a search stops on an error or Ctrl-C; "
+        "default: a new search)",
     )
     add_search_flags(solve)
-    solve.add_argument(
-        "--json", dest="json_path", default=None, metavar="PATH", help="write answer, stats and tree as JSON"
-    )
+    add_json_flag(solve, "answer, stats and tree")
     from treesearch.cli.run import add_run_parser
 
     add_run_parser(sub)
@@ -56,14 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_solve(args: argparse.Namespace) -> int:
     plan = check_solve(args)  # everything but the model's weights, before they load
+    check_backend_flags(args)
     from treesearch.search.searcher import Searcher
 
     with torch_threads(args.threads):
-        try:
-            model = backend_from_args(args) or load_model_or_fail(args)
-        except TreeSearchError as exc:  # an unreachable server, a model that will not load: one line
-            print(f"treesearch: error: {one_line(exc)}", file=sys.stderr)
-            return 2
+        model = backend_from_args(args) or load_model_or_fail(args)  # refusals: one line, from main
         searcher = Searcher(
             model,
             plan.problem,
@@ -125,24 +124,16 @@ def _stopped(exc: BaseException, args: argparse.Namespace, problem: Any) -> int:
 def cmd_bench(argv: list[str]) -> int:
     """`treesearch bench ...`: its arguments checked first, then `treesearch.cli.bench.main`."""
     check_bench(argv)
-    from treesearch.cli.bench import SUBCOMMANDS
     from treesearch.cli.bench import main as bench_main
-    from treesearch.cli.bench_commands import run_subcommand
+    from treesearch.cli.bench_commands import SUBCOMMANDS, run_subcommand
 
-    try:
-        if argv and argv[0] in SUBCOMMANDS:
-            return run_subcommand(argv[0], argv[1:])
-        return bench_main(argv)
-    except SystemExit as exc:
-        if isinstance(exc.code, str):  # bench's own refusals (e.g. a range with no rows)
-            raise UsageError(one_line(Exception(exc.code))) from None
-        raise
-    except TreeSearchError as exc:
-        raise UsageError(one_line(exc)) from None
+    if argv and argv[0] in SUBCOMMANDS:
+        return run_subcommand(argv[0], argv[1:])
+    return bench_main(argv)
 
 
 def cmd_calibrate(argv: list[str]) -> int:
-    from treesearch.calibrate.cgee_fit import main as calibrate_main
+    from treesearch.cli.calibrate import main as calibrate_main
 
     return calibrate_main(argv)
 
@@ -190,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
 
                 return cmd_run(args)
             return cmd_solve(args)
-        except UsageError as exc:
-            print(f"treesearch: error: {exc}", file=sys.stderr)
+        except TreeSearchError as exc:  # a UsageError from any command's checks, or a refusal on the way
+            print(f"treesearch: error: {one_line(exc)}", file=sys.stderr)
             return 2
 
 

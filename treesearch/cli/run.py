@@ -26,10 +26,10 @@ def add_run_parser(sub: Any) -> None:
     """The `run` subcommand and its flags (the search flags are solve's)."""
     from treesearch.cli.backend import add_backend_args
     from treesearch.cli.checks import task_names
-    from treesearch.cli.flags import add_search_flags
+    from treesearch.cli.flags import add_json_flag, add_search_flags, add_task_argument
 
     run = sub.add_parser("run", help="run a test set: many searches at once, one JSON line per input")
-    run.add_argument("task", help=f"task name: {', '.join(task_names())}")
+    add_task_argument(run, task_names())
     run.add_argument(
         "--range",
         dest="rows",
@@ -41,7 +41,8 @@ def add_run_parser(sub: Any) -> None:
         "--inputs",
         default=None,
         metavar="FILE",
-        help="inputs from a file instead: one per line (.jsonl: one JSON value per line)",
+        help="inputs from a file instead: one per line (.jsonl: one JSON value per line; default: the "
+        "task's test set)",
     )
     run.add_argument(
         "--concurrency",
@@ -57,11 +58,12 @@ def add_run_parser(sub: Any) -> None:
         "--resume", action="store_true", help="continue the run in --out: skip inputs already there"
     )
     run.add_argument(
-        "--trees", default=None, metavar="DIR", help="also write each input's tree to DIR/INDEX.json"
+        "--trees",
+        default=None,
+        metavar="DIR",
+        help="also write each input's tree to DIR/INDEX.json (default: no trees)",
     )
-    run.add_argument(
-        "--json", dest="json_path", default=None, metavar="PATH", help="write the summary as JSON"
-    )
+    add_json_flag(run, "the summary")
     ray = run.add_argument_group(
         "Ray",
         "spread the run over Ray workers, each with its own model and engine (needs pip install -e '.[ray]')",
@@ -71,20 +73,23 @@ def add_run_parser(sub: Any) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="N Ray workers, each running --concurrency searches (a local cluster unless --ray-address)",
+        help="N Ray workers, each running --concurrency searches (a local cluster unless --ray-address; "
+        "default: no Ray, the run in this process)",
     )
     ray.add_argument(
         "--ray-address",
         default=None,
         metavar="ADDR",
-        help="join a Ray cluster: auto (`ray start --head` on this machine) or HOST:PORT of its head",
+        help="join a Ray cluster: auto (`ray start --head` on this machine) or HOST:PORT of its head "
+        "(default: start a local cluster)",
     )
     ray.add_argument(
         "--gpus-per-worker",
         type=float,
         default=None,
         metavar="G",
-        help="GPUs Ray gives each worker (its model then runs on cuda unless --device says otherwise)",
+        help="GPUs Ray gives each worker (its model then runs on cuda unless --device says otherwise; "
+        "default: 0)",
     )
     add_search_flags(run)
     add_backend_args(run)
@@ -92,7 +97,7 @@ def add_run_parser(sub: Any) -> None:
 
 def run_items(args: argparse.Namespace) -> list[tuple[int, Any]]:
     """(index, input) pairs of the run: file lines numbered from 0, or the task's rows."""
-    from treesearch.runs.results_file import file_inputs, task_inputs
+    from treesearch.runs.results_file import file_inputs, task_rows
 
     if args.inputs is not None:
         if not Path(args.inputs).is_file():
@@ -100,14 +105,24 @@ def run_items(args: argparse.Namespace) -> list[tuple[int, Any]]:
                 f"--inputs {args.inputs}: no such file; give a text file with one input per line"
             )
         return list(enumerate(file_inputs(args.inputs)))
-    start, end = parse_rows(args.rows or DEFAULT_RANGES.get(args.task, "0:"))
+    text = args.rows or DEFAULT_RANGES.get(args.task, "0:")
+    start, end = parse_rows(text)
     try:
-        xs = task_inputs(args.task, start, end)
+        rows = task_rows(args.task)
     except (TreeSearchError, ValueError) as err:
         raise UsageError(f"--range {args.rows}: {err}") from None
-    if not xs:
-        raise UsageError(f"--range {args.rows}: no rows there; the {args.task} test set is smaller")
-    return [(start + k, x) for k, x in enumerate(xs)]
+    if start >= len(rows):
+        raise UsageError(
+            f"--range {text}: no rows there; the {args.task} test set has {len(rows)} rows (0:{len(rows)})"
+        )
+    if end is not None and end > len(rows):
+        ran = f"row {start} only" if start + 1 == len(rows) else f"rows {start}:{len(rows)}"
+        print(
+            f"run: --range {text} runs past the end of the {args.task} test set ({len(rows)} rows); "
+            f"running {ran}",
+            file=sys.stderr,
+        )
+    return [(start + k, x) for k, x in enumerate(rows[start:end])]
 
 
 def parse_rows(text: str) -> tuple[int, int | None]:
@@ -150,24 +165,22 @@ def check_workers(args: argparse.Namespace) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from treesearch.cli.checks import check_run, one_line
+    from treesearch.cli.backend import check_backend_flags
+    from treesearch.cli.checks import check_run
     from treesearch.cli.model_loading import torch_threads
 
     plan = check_run(args)
     check_workers(args)
+    check_backend_flags(args)
     items = run_items(args)
     out_path = args.out or f"{args.task}-{items[0][0]}-{items[-1][0] + 1}.jsonl"
-    from treesearch.runs.results_file import ResultsFile
+    from treesearch.runs.results_file import ResultsFile, plural
 
-    try:
-        out = ResultsFile(out_path, resume=args.resume)
-    except TreeSearchError as err:
-        raise UsageError(one_line(err)) from None
-    with out:
+    with ResultsFile(out_path, resume=args.resume) as out:  # a refusal: one line, from main
         todo = sum(i not in out.done for i, _ in items)
         where = "" if args.workers is None else f" on each of {args.workers} Ray workers"
         print(
-            f"run: {len(items)} inputs, {len(items) - todo} already in {out_path}, {todo} to go, "
+            f"run: {plural(len(items), 'input')}, {len(items) - todo} already in {out_path}, {todo} to go, "
             f"concurrency {args.concurrency}{where}",
             file=sys.stderr,
         )
@@ -178,10 +191,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 with torch_threads(args.threads):
                     summary = _run_here(args, plan, items, out)
         except KeyboardInterrupt:
+            done = plural(len(out.done), "input") + (" is" if len(out.done) == 1 else " are")
             print(
-                f"treesearch: interrupted; {len(out.done)} inputs are in {out_path}; continue with the same "
-                "command "
-                "plus --resume",
+                f"treesearch: interrupted; {done} in {out_path}; continue with the same command plus "
+                "--resume",
                 file=sys.stderr,
             )
             return 130
@@ -196,15 +209,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_here(args: argparse.Namespace, plan: Any, items: list, out: Any) -> Any:
     """The run in this process: one model, one engine, solve_many."""
     from treesearch.cli.backend import backend_from_args
-    from treesearch.cli.checks import one_line
     from treesearch.cli.model_loading import load_model_or_fail
     from treesearch.runs.results_file import run_inputs
     from treesearch.search.searcher import Searcher
 
-    try:
-        model = backend_from_args(args) or load_model_or_fail(args)
-    except TreeSearchError as exc:
-        raise UsageError(one_line(exc)) from None
+    model = backend_from_args(args) or load_model_or_fail(args)
     searcher = Searcher(
         model,
         plan.problem,

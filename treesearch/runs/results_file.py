@@ -23,31 +23,46 @@ from treesearch.common.intervals import wilson
 TOKEN_COUNTERS = ("prefill_tokens", "reused_tokens", "decode_tokens", "generated_tokens", "recomputed_tokens")
 
 
-def task_inputs(task: str, start: int, end: int | None) -> list[Any]:
-    """Rows [start, end) of a built-in task's shipped test set, as inputs its Problem takes
+def task_rows(task: str) -> list[Any]:
+    """Every row of a built-in task's shipped test set, as inputs its Problem takes
     (Game of 24: "a b c d"; GSM8K: {"question", "answer"}, so the answer can be checked)."""
     if task == "game24":
         from treesearch.tasks.game24 import load_puzzles
 
-        return load_puzzles(start, 1362 if end is None else end)
+        return load_puzzles(0, None)
     if task == "gsm8k":
         from treesearch.tasks.datasets import load_gsm8k
 
-        return [{"question": q.question, "answer": q.solution} for q in load_gsm8k(start, end)]
+        return [{"question": q.question, "answer": q.solution} for q in load_gsm8k()]
     raise TreeSearchError(f"task {task!r} has no shipped test set; give the inputs with --inputs FILE")
 
 
+def task_inputs(task: str, start: int, end: int | None) -> list[Any]:
+    """Rows [start, end) of a built-in task's shipped test set (fewer where the set ends first)."""
+    return task_rows(task)[start:end]
+
+
 def file_inputs(path: str | Path) -> list[Any]:
-    """Inputs from a file: one per line; a .jsonl file holds one JSON value per line."""
-    lines = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
-    if str(path).endswith(".jsonl"):
+    """Inputs from a file: one per line (blank lines skipped); a .jsonl file holds one JSON value per
+    line, and a line that is not one is refused naming its line number in the file."""
+    lines = [(n, ln) for n, ln in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1)]
+    lines = [(n, ln) for n, ln in lines if ln.strip()]
+    if not str(path).endswith(".jsonl"):
+        return [ln for _, ln in lines]
+    out = []
+    for n, ln in lines:
         try:
-            return [json.loads(ln) for ln in lines]
-        except ValueError as err:
+            out.append(json.loads(ln))
+        except json.JSONDecodeError as err:
             raise SaveFileError(
-                f"{path}: not one JSON value per line ({err}); write one input per line"
+                f"{path} line {n}: not a JSON value ({err.msg}); write one JSON value per line"
             ) from None
-    return lines
+    return out
+
+
+def plural(n: int, word: str) -> str:
+    """The count with its noun: plural(1, "input") is "1 input", plural(2, "input") "2 inputs"."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def record(index: int, x: Any, result: Any = None, *, error: str | None = None, worker: Any = None) -> dict:
@@ -135,10 +150,11 @@ class Summary:
     """What a run found, over the lines of its file."""
 
     inputs: int = 0
+    searched: int = 0  # inputs a search ran on (complete or failed): the accuracy's denominator
     solved: int = 0
     failed: int = 0
     invalid: int = 0
-    accuracy: float = 0.0
+    accuracy: float = 0.0  # solved / searched (an invalid input is not searched)
     accuracy_low: float = 0.0  # 95% Wilson interval
     accuracy_high: float = 0.0
     wall_s: float = 0.0  # this session's wall time (a resumed run counts only what it ran)
@@ -151,12 +167,13 @@ class Summary:
         return asdict(self)
 
     def lines(self) -> list[str]:
+        invalid = f", {self.invalid} invalid (not searched)" if self.invalid else ""
         out = [
-            f"inputs: {self.inputs} ({self.failed} failed, {self.invalid} invalid); solved {self.solved}: "
-            "accuracy "
-            f"{self.accuracy:.3f} (95% CI {self.accuracy_low:.3f}-{self.accuracy_high:.3f})",
-            f"this run: {self.inputs_run} inputs in {self.wall_s:.1f} s = {self.inputs_per_hour:.1f} "
-            "inputs/h",
+            f"inputs: {self.inputs}{invalid}; searched {self.searched} ({self.failed} failed): solved "
+            f"{self.solved} of {self.searched}, accuracy {self.accuracy:.3f} "
+            f"(95% CI {self.accuracy_low:.3f}-{self.accuracy_high:.3f})",
+            f"this run: {plural(self.inputs_run, 'input')} in {self.wall_s:.1f} s = "
+            f"{self.inputs_per_hour:.1f} inputs/h",
             "tokens: " + ", ".join(f"{k}={v}" for k, v in self.tokens.items()),
         ]
         if len(self.per_worker) > 1:
@@ -170,8 +187,9 @@ def summarize(rows: Iterable[dict], *, wall_s: float = 0.0, inputs_run: int = 0)
     s.solved = sum(bool(r.get("solved")) for r in rows)
     s.failed = sum(r.get("status") == "failed" for r in rows)
     s.invalid = sum(r.get("status") == "invalid" for r in rows)
-    s.accuracy = s.solved / s.inputs if s.inputs else 0.0
-    s.accuracy_low, s.accuracy_high = wilson(s.solved, s.inputs)
+    s.searched = s.inputs - s.invalid
+    s.accuracy = s.solved / s.searched if s.searched else 0.0
+    s.accuracy_low, s.accuracy_high = wilson(s.solved, s.searched)
     s.inputs_per_hour = 3600 * inputs_run / wall_s if wall_s > 0 else 0.0
     s.tokens = {k: sum(int(r.get("stats", {}).get(k, 0)) for r in rows) for k in TOKEN_COUNTERS}
     for r in rows:

@@ -97,8 +97,8 @@ class Game24State:
         return " ".join(fmt(x) for x in sorted(self.numbers))
 
 
-def load_puzzles(start: int = 900, end: int = 1000) -> list[str]:
-    """Puzzles of 24.csv rows [start, end) (the ToT test set is 900-999)."""
+def load_puzzles(start: int = 900, end: int | None = 1000) -> list[str]:
+    """Puzzles of 24.csv rows [start, end) (the ToT test set is 900-999; end None: to the last row)."""
     text = resources.files("treesearch.tasks").joinpath("data/24.csv").read_text()
     rows = list(csv.DictReader(text.splitlines()))
     return [r["Puzzles"] for r in rows[start:end]]
