@@ -142,14 +142,27 @@ def test_strategies_reach_no_model_tokenizer_or_cache():
 def test_the_store_and_attention_know_nothing_above_them():
     deps = {
         m: {_package(b) + "." + b.rpartition(".")[2] for _, b in _graph().out_edges(f"treesearch.{m}")}
-        for m in ("cache.kvstore", "cache.attention", "engine.tokens", "engine.forward", "cache.manager")
+        for m in (
+            "cache.kvstore",
+            "cache.segment",
+            "cache.owners",
+            "cache.eviction",
+            "cache.attention",
+            "engine.tokens",
+            "engine.forward",
+            "cache.manager",
+        )
     }
-    assert deps["cache.kvstore"] <= {"common.errors", "policies.rsbcm"}  # rsbcm: the default LRU key
+    store_parts = {"cache.segment", "cache.owners", "cache.eviction"}  # the store's own pieces
+    assert deps["cache.kvstore"] <= {"common.errors", "policies.rsbcm"} | store_parts  # rsbcm: the LRU key
+    assert deps["cache.segment"] == set()
+    assert deps["cache.owners"] <= {"cache.segment"} and deps["cache.eviction"] <= {"cache.segment"}
     assert deps["cache.attention"] == set()
     assert deps["engine.tokens"] <= {"common.errors"}
     assert not {d.partition(".")[0] for d in deps["engine.forward"]} & {"cache", "search", "core"} - {
         "cache"
     } and not deps["engine.forward"] & {"cache.kvstore", "cache.manager", "engine.local", "policies.asks"}
+    assert not deps["engine.forward"] & store_parts
     assert not {d.partition(".")[0] for d in deps["cache.manager"]} & {"engine", "search", "core", "models"}
 
 
@@ -168,11 +181,10 @@ def test_no_private_name_is_imported_across_modules():
 # added about a fifth to every file): each may shrink, never grow. Split them, then drop their entry.
 TOO_BIG_FILES = {
     "treesearch/backends/server.py": 546,
-    "treesearch/cache/kvstore.py": 467,
     "treesearch/engine/local.py": 489,
     "treesearch/search/searcher.py": 499,
 }
-TOO_BIG_CLASSES = {"ServerEngine": 365, "KVStore": 363, "CacheManager": 377, "Engine": 436, "Searcher": 433}
+TOO_BIG_CLASSES = {"ServerEngine": 365, "CacheManager": 377, "Engine": 436, "Searcher": 433}
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))

@@ -1,17 +1,12 @@
 """The KV store: segments of cached K/V arranged as a token tree, accounted in fixed-size blocks,
 owned by tree nodes, and held under a byte budget.
 
-A *segment* is the K/V of a run of tokens computed in one forward, stored contiguously as one
-tensor [layers, 2, kv_heads, tokens, head_dim]. Every segment hangs off a point inside its parent
-segment (`parent`, `parent_len`), so the segments form a token tree: the context of a segment is
-its ancestors' tokens (each up to the attach point) followed by its own. Its K/V is valid only
-under exactly that context, which the tree guarantees by construction.
-
-Lookup walks the tree token by token and returns a *chain*: the (segment, used_tokens) pairs to
-attend over. A divergence inside a segment still reuses the tokens before it (used_tokens <
-len), without copying: attention reads a view of the first used_tokens positions. Keeping one
-tensor per segment (rather than a pool tensor of blocks) is what keeps attention zero-copy: a
-segment is one contiguous run of blocks, read in place by one matmul per layer.
+The segments and the tree they form are `treesearch.cache.segment`'s; lookup walks the tree token by
+token and returns a *chain*, the (segment, used_tokens) pairs to attend over. Keeping one tensor per
+segment (rather than a pool tensor of blocks) is what keeps attention zero-copy: a segment is one
+contiguous run of blocks, read in place by one matmul per layer. Which owner holds which segment is
+`treesearch.cache.owners`'s `OwnerTable` (this store holds one and answers for it); which segments
+may be evicted and in what order is `treesearch.cache.eviction`'s (this store evicts and counts).
 
 Blocks: a segment of n tokens occupies ceil(n / block_size) blocks; it receives that many
 consecutive block ids when created (`block_ids`), which it keeps for life. A segment may be
@@ -45,61 +40,17 @@ Protocol (enforced here with asserts naming the segment; relied on by the engine
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
 from typing import Any
 
+from treesearch.cache.eviction import eviction_order, is_evictable, reclaimable
+from treesearch.cache.owners import OwnerTable
+from treesearch.cache.segment import Chain, Segment, follow, match_prefix
 from treesearch.common.errors import CacheBudgetError
 from treesearch.policies.rsbcm import lru_key
 
-Chain = list[tuple["Segment", int]]
-
-
-@dataclass(eq=False)
-class Segment:
-    """K/V of one run of tokens, attached at `parent_len` tokens into `parent`."""
-
-    id: int
-    tokens: tuple[int, ...]
-    parent: Segment | None
-    parent_len: int
-    start: int  # absolute position of tokens[0]
-    kv: Any = None  # torch.Tensor [L, 2, Hkv, n, d]; None when evicted (or for the root)
-    pins: int = 0
-    owners: set = field(default_factory=set)  # thought-tree node ids whose contexts use this segment
-    children: dict = field(default_factory=dict)  # (offset, first_token) -> Segment
-    last_use: int = 0
-    first_block: int = 0  # block ids are first_block .. first_block + blocks - 1
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def resident_len(self) -> int:
-        """Tokens (a prefix of `tokens`) whose K/V is held; 0 when evicted."""
-        return 0 if self.kv is None else int(self.kv.shape[3])
-
-    @property
-    def refs(self) -> int:
-        """Number of owners holding this segment (protocol note 2)."""
-        return len(self.owners)
-
-    @property
-    def resident(self) -> bool:
-        return self.kv is not None
-
-    def context_chain(self, upto: int | None = None) -> Chain:
-        """The chain of (segment, used) pairs from the root down to this segment's first `upto` tokens."""
-        chain: Chain = []
-        seg, used = self, len(self.tokens) if upto is None else upto
-        while seg is not None and seg.parent is not None:
-            if used > 0:
-                chain.append((seg, used))
-            seg, used = seg.parent, seg.parent_len
-        chain.reverse()
-        return chain
+__all__ = ["Chain", "KVStore", "Segment"]  # Chain and Segment re-exported: callers import them from here
 
 
 class KVStore:
@@ -122,8 +73,7 @@ class KVStore:
         self._blocks = itertools.count(0)
         self._clock = itertools.count(1)
         self.segments: dict[int, Segment] = {}
-        self._held: dict[Hashable, set[Segment]] = {}  # owner -> segments it holds
-        self._pinned_owners: set[Hashable] = set()
+        self.owner_table = OwnerTable()  # owner -> segments it holds, pinned owners
         self.bytes_held = 0
         self.reserved = 0  # bytes of running batches' own K/V buffers, counted against the budget
         self.peak_held = 0  # highest bytes_held ever (the cache alone)
@@ -141,23 +91,7 @@ class KVStore:
 
         Evicted segments match too (their tokens are known); the engine recomputes them."""
         limit = len(ids) if limit is None else min(limit, len(ids))
-        chain: Chain = []
-        seg, off, pos = self.root, 0, 0
-        while pos < limit:
-            toks = seg.tokens
-            if off < len(toks) and toks[off] == ids[pos]:
-                while off < len(toks) and pos < limit and toks[off] == ids[pos]:
-                    off += 1
-                    pos += 1
-                continue
-            child = seg.children.get((off, ids[pos]))
-            if child is None:
-                break
-            if off > 0:
-                chain.append((seg, off))
-            seg, off = child, 0
-        if off > 0:
-            chain.append((seg, off))
+        chain, pos = match_prefix(self.root, ids, limit)
         self.touch(chain)
         return chain, pos
 
@@ -178,18 +112,9 @@ class KVStore:
         assert len(tokens) > 0, "insert needs at least one token"
         tokens = tuple(tokens)
         parent, off = chain[-1] if chain else (self.root, 0)
-        i = 0
-        while True:  # walk along what is cached already
-            toks = parent.tokens
-            while i < len(tokens) and off < len(toks) and toks[off] == tokens[i]:
-                off += 1
-                i += 1
-            if i == len(tokens):
-                return parent, off
-            child = parent.children.get((off, tokens[i]))
-            if child is None:
-                break
-            parent, off = child, 0
+        parent, off, i = follow(parent, off, tokens)  # walk along what is cached already
+        if i == len(tokens):
+            return parent, off
         seg = Segment(
             id=next(self._ids),
             tokens=tokens[i:],
@@ -281,25 +206,17 @@ class KVStore:
 
     def evictable(self) -> list[Segment]:
         """Resident, unpinned segments without resident children (protocol note 5)."""
-        return [s for s in self.segments.values() if self._is_evictable(s)]
-
-    def _is_evictable(self, s: Segment) -> bool:
-        return (
-            s is not self.root
-            and s.kv is not None
-            and s.pins == 0
-            and not any(c.kv is not None for c in s.children.values())
-        )
+        return [s for s in self.segments.values() if is_evictable(s)]
 
     def make_room(self, nbytes: int) -> list[Segment]:
         """Evict lowest-priority evictable segments until `nbytes` more fit in the budget."""
         if self.budget is None or self.bytes_held + self.reserved + nbytes <= self.budget:
             return []
-        heap = [(self.policy(s), s.id, s) for s in self.evictable()]
-        heapq.heapify(heap)
+        order = eviction_order(self.evictable(), self.policy)
         evicted = []
         while self.bytes_held + self.reserved + nbytes > self.budget:
-            if not heap:
+            s = next(order, None)
+            if s is None:
                 raise CacheBudgetError(
                     f"cache_budget={self.budget} bytes cannot hold {nbytes} more bytes: {self.bytes_held} "
                     "are held "
@@ -308,52 +225,25 @@ class KVStore:
                     f"running batch buffers; raise --cache-budget to at least "
                     f"{self.bytes_held + self.reserved + nbytes} or run fewer searches at once"
                 )
-            _, _, s = heapq.heappop(heap)
             self.evict(s)
             evicted.append(s)
-            p = s.parent
-            if p is not None and self._is_evictable(p):
-                heapq.heappush(heap, (self.policy(p), p.id, p))
         return evicted
 
     # -- owners and pins -------------------------------------------------------------------------
     def acquire(self, owner: Hashable, handle: tuple[Segment, int]) -> None:
         """The owner holds every segment on the handle's context chain (note 2)."""
-        held = self._held.setdefault(owner, set())
-        pinned = owner in self._pinned_owners
-        seg = handle[0]
-        while seg is not None and seg.parent is not None:
-            if seg not in held:
-                held.add(seg)
-                seg.owners.add(owner)
-                if pinned:
-                    seg.pins += 1
-            seg = seg.parent
+        self.owner_table.acquire(owner, handle)
 
     def release(self, owner: Hashable) -> list[Segment]:
         """The owner lets go of everything it holds; returns the segments this freed (note 3)."""
-        freed = []
-        pinned = owner in self._pinned_owners
-        for seg in self._held.pop(owner, ()):
-            assert owner in seg.owners, f"segment {seg.id}: owner {owner!r} released twice"
-            seg.owners.discard(owner)
-            if pinned:
-                seg.pins -= 1
-            if not seg.owners:
-                freed.append(seg)
-        self._pinned_owners.discard(owner)
-        return sorted(freed, key=lambda s: s.id)
+        return self.owner_table.release(owner)
 
     def held_by(self, owner: Hashable) -> set[Segment]:
-        return set(self._held.get(owner, ()))
+        return self.owner_table.held_by(owner)
 
     def pin_owner(self, owner: Hashable) -> None:
         """Pin whatever this owner holds, now and later (e.g. the root prompt), until it is released."""
-        if owner in self._pinned_owners:
-            return
-        self._pinned_owners.add(owner)
-        for seg in self._held.get(owner, ()):
-            seg.pins += 1
+        self.owner_table.pin_owner(owner)
 
     def free_segments(self) -> list[Segment]:
         """Resident segments no owner holds (evicted first)."""
@@ -380,16 +270,7 @@ class KVStore:
         """Bytes `make_room` could free now: resident, unpinned segments with no pinned resident
         segment below them (a pinned segment keeps its whole context resident, note 5); with
         free_only, only segments no owner holds (no owned segment below them either)."""
-        blocked: set[int] = set()
-        for s in self.segments.values():
-            if s.kv is not None and (s.pins > 0 or (free_only and s.owners)):
-                p: Segment | None = s
-                while p is not None and p.id not in blocked:
-                    blocked.add(p.id)
-                    p = p.parent
-        return sum(
-            self.resident_bytes(s) for s in self.segments.values() if s.kv is not None and s.id not in blocked
-        )
+        return sum(self.resident_bytes(s) for s in reclaimable(self.segments.values(), free_only=free_only))
 
     def room(self, *, free_only: bool = False) -> float:
         """Bytes that fit in the budget once everything evictable (with free_only: only what no
@@ -405,7 +286,7 @@ class KVStore:
 
     def owners(self) -> list[Hashable]:
         """Every owner holding something now."""
-        return list(self._held)
+        return self.owner_table.owners()
 
     def forget_unused(self, keep: Callable[[Segment], bool]) -> None:
         """Forget every segment (K/V and tokens) that no owner holds, nothing pins and `keep`
@@ -445,18 +326,8 @@ class KVStore:
             assert self.bytes_held + self.reserved <= self.budget, (
                 f"bytes_held {self.bytes_held} + reserved {self.reserved} > budget {self.budget}"
             )
-        holders: dict[int, set] = {}
-        for owner, segs in self._held.items():
-            for s in segs:
-                holders.setdefault(s.id, set()).add(owner)
-        owner_pins: dict[int, int] = {}
-        for owner in self._pinned_owners:
-            for s in self._held.get(owner, ()):
-                owner_pins[s.id] = owner_pins.get(s.id, 0) + 1
+        self.owner_table.check(self.segments.values())
         for s in self.segments.values():
-            assert s.pins >= 0, f"segment {s.id}: pins={s.pins}"
-            assert s.pins >= owner_pins.get(s.id, 0), f"segment {s.id}: pins {s.pins} < pinned owners"
-            assert s.owners == holders.get(s.id, set()), f"segment {s.id}: owners {s.owners} != holders"
             assert s.parent is not None and s.parent.children.get((s.parent_len, s.tokens[0])) is s
             assert s.start == s.parent.start + s.parent_len
             if s.kv is not None:
