@@ -9,6 +9,7 @@ import pytest
 import torch
 from same_results import assert_same as assert_same_search
 from test_decoder import assert_same, decode_both, words
+from test_lossless import LABELS
 from test_lossless import _assert_same as assert_lossless
 from test_lossless import _run_both as run_both_modes
 
@@ -100,3 +101,61 @@ def test_a_bfs_search_is_the_same_with_sharing_on_and_off(qwen_lm):
     assert len(off.tree) > 4
     assert_same_search([off], [exact])
     assert off.stats["reused_tokens"] == 0 and exact.stats["reused_tokens"] > 0
+
+
+@pytest.fixture(scope="module")
+def qwen_05b():
+    """Qwen2.5-Coder-0.5B-Instruct, loaded once (the first load converts the GGUF file, about a
+    minute on one core); skipped, naming the install command, where it is not installed."""
+    from treesearch.models import install as registry
+
+    known = registry.KNOWN["qwen2.5-coder-0.5b"]
+    if not known.installed():
+        pytest.skip(f"{known.name} is not installed; install it with: {known.install_command}")
+    return load_model(known.name)
+
+
+# A few code prompts sharing a long instruction (the part exact sharing computes once).
+QWEN_BASE = (
+    "You are a careful Python programmer. For each task, write one line of Python that solves it, "
+    "with no explanation. Use only the standard library. Keep names short and clear.\n"
+    "Task: return the square of x\nCode: x * x\n"
+    "Task: return the last item of a list xs\nCode: xs[-1]\n"
+)
+QWEN_TASKS = ("reverse a string s", "count the vowels in a string s", "sum the even numbers in a list xs")
+
+
+def three_runs(lm, prompts: list[str], sampling: Sampling) -> dict:
+    """(kv_sharing, fast_decode) -> (generations, label scores, stats, each decode step's logits) for
+    sharing off and exact on the fast step, and exact on the layer path: one run fewer than
+    comparing each pair on its own (the real model's runs take most of this test's time)."""
+    out = {}
+    for mode, fast in (("off", True), ("exact", True), ("exact", False)):
+        eng = Engine(lm, RKSCConfig(kv_sharing=mode, fast_decode=fast))
+        assert (eng.forward.decoder is not None) == fast
+        steps: list[torch.Tensor] = []
+        step = eng.forward.step
+
+        def record(*a, _step=step, _steps=steps, **kw):
+            logits = _step(*a, **kw)
+            _steps.append(logits.clone())
+            return logits
+
+        eng.forward.step = record
+        gens = eng.generate(prompts, sampling)
+        out[mode, fast] = (gens, eng.score(prompts, LABELS), eng.stats, steps)
+        eng.store.check_invariants()
+    return out
+
+
+@pytest.mark.real_model
+def test_real_qwen_coder_05b_exact_sharing_and_the_fast_step_are_lossless(qwen_05b):
+    """On the real 0.5B (q/k/v biases, RoPE base 1e6, its own LM head): exact sharing gives the tokens
+    and label scores of sharing off, and the fast decode step the layer path's tokens and logits
+    (measured on 2026-12-03: logits within 2.8e-5, label probabilities within 2e-6)."""
+    assert qwen_05b.model.config.model_type == "qwen2" and decoder.qualifies(qwen_05b.model)
+    prompts = [QWEN_BASE + f"Task: {t}\nCode:" for t in QWEN_TASKS]
+    out = three_runs(qwen_05b, prompts, Sampling(max_new_tokens=8, ignore_eos=True))
+    assert_lossless({mode: out[mode, True][:3] for mode in ("off", "exact")})
+    assert out["exact", True][2].prefill_tokens < out["off", True][2].prefill_tokens / 2
+    assert_same({fast: (out["exact", fast][0], out["exact", fast][3]) for fast in (False, True)})

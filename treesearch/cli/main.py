@@ -1,5 +1,5 @@
 """Command line: `treesearch solve TASK INPUT`, `treesearch run TASK`, `treesearch bench`, `treesearch
-calibrate`.
+calibrate`, `treesearch models`.
 
 Every argument is checked before the model loads (`treesearch.cli.checks`); a bad one is reported
 in one line, `treesearch: error: ...`, with exit status 2. Heavy libraries (torch, transformers)
@@ -20,6 +20,7 @@ from treesearch.cli.backend import add_backend_args, backend_from_args
 from treesearch.cli.checks import ArgumentParser, check_bench, check_solve, one_line, task_names
 from treesearch.cli.flags import add_search_flags
 from treesearch.cli.model_loading import load_model_or_fail, torch_threads
+from treesearch.cli.models import cmd_models
 from treesearch.common.errors import TreeSearchError, UsageError
 
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "calibrate", help="calibrate CGEE thresholds (treesearch calibrate --help)", add_help=False
     )
+    sub.add_parser("models", help="list and install models (treesearch models --help)", add_help=False)
     add_backend_args(solve)
     return parser
 
@@ -149,7 +151,11 @@ def cmd_calibrate(argv: list[str]) -> int:
 
 # Commands that parse their own arguments: main hands them everything after the command name
 # (argparse's REMAINDER would drop a leading "--option").
-HANDED_OVER: dict[str, Callable[[list[str]], int]] = {"bench": cmd_bench, "calibrate": cmd_calibrate}
+HANDED_OVER: dict[str, Callable[[list[str]], int]] = {
+    "bench": cmd_bench,
+    "calibrate": cmd_calibrate,
+    "models": cmd_models,
+}
 
 
 def _fmt(v: Any) -> str:

@@ -163,24 +163,26 @@ def tiny_model(
     qwen = arch == "qwen2"
     dtype = resolve_dtype(dtype)
     tokenizer = _default_tokenizer()
-    extra: dict[str, Any] = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}} if qwen else {}
-    config = (Qwen2Config if qwen else LlamaConfig)(
+    shape: dict[str, Any] = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
         intermediate_size=hidden * 2,
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=hidden // 4,
         max_position_embeddings=2048,
         tie_word_embeddings=tied,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **extra,
     )
     torch.manual_seed(seed)
-    model = (Qwen2ForCausalLM if qwen else LlamaForCausalLM)(config)
+    model: Any
+    if qwen:  # head_dim = hidden / heads, as Qwen2 computes it
+        rope = {"rope_type": "default", "rope_theta": 1e6}
+        model = Qwen2ForCausalLM(Qwen2Config(**shape, rope_parameters=rope))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**shape, head_dim=hidden // 4))
     # Larger init than the default so that the random model's outputs are not all near-uniform;
     # Qwen2's q/k/v biases drawn too (transformers starts them at zero), so that they count.
     with torch.no_grad():
@@ -189,7 +191,7 @@ def tiny_model(
                 p.normal_(0.0, 0.2)
             elif pname.endswith("_proj.bias"):
                 p.normal_(0.0, 0.5)
-    model = model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]  # transformers' stub of .to
+    model = model.to(device=device, dtype=dtype).eval()
     return wrap_model(model, tokenizer, TINY_QWEN2 if qwen else TINY_NAME)
 
 
