@@ -103,6 +103,63 @@ def test_a_bfs_search_is_the_same_with_sharing_on_and_off(qwen_lm):
     assert off.stats["reused_tokens"] == 0 and exact.stats["reused_tokens"] > 0
 
 
+TEMPLATE = (
+    "Can the numbers reach 24? Judge sure, likely or impossible.\nNumbers: 10 14\nJudgement: sure\n"
+    "Numbers: 11 12\nJudgement: impossible\nNumbers: "
+)
+JUDGE = [TEMPLATE + n + "\nJudgement:" for n in ("4 5 6", "4 6 6", "2 5 6", "3 3 8")]
+
+
+def test_asks_closed_gate_is_exact_and_an_open_gate_attaches_with_the_reference_exact(qwen_lm):
+    exact = Engine(qwen_lm, RKSCConfig(kv_sharing="exact"))
+    closed = Engine(qwen_lm, RKSCConfig(kv_sharing="asks", asks_tau=1.5))  # sigma <= 1 < tau
+    opened = Engine(qwen_lm, RKSCConfig(kv_sharing="asks", asks_tau=-1.0))  # every pair attaches
+    for e in (exact, closed, opened):
+        e.score([TEMPLATE], LABELS)
+    a, b, c = (e.score(JUDGE, LABELS) for e in (exact, closed, opened))
+    assert all(abs(x.probs[k] - y.probs[k]) <= 1e-4 for x, y in zip(a, b) for k in LABELS)
+    assert closed.stats.asks_attached == 0
+    assert [y.asks_ref for y in c] == [None, 0, 0, 0] and opened.stats.asks_attached == 3
+    assert all(abs(a[0].probs[k] - c[0].probs[k]) <= 1e-4 for k in LABELS)
+    for e in (closed, opened):
+        e.store.check_invariants()
+
+
+def test_cgee_level_2_exits_where_the_rule_says_and_a_rule_that_never_exits_is_the_full_pass(qwen_lm):
+    layers = qwen_lm.num_layers
+    full = Engine(qwen_lm, RKSCConfig()).score(JUDGE, LABELS)
+    never = Engine(qwen_lm, RKSCConfig()).score(JUDGE, LABELS, exit_rule=lambda layer, probs: False)
+    assert [s.layers_run for s in never] == [layers] * len(JUDGE)
+    assert all(abs(x.probs[k] - y.probs[k]) <= 1e-5 for x, y in zip(full, never) for k in LABELS)
+    engine = Engine(qwen_lm, RKSCConfig())
+    early = engine.score(
+        JUDGE, LABELS, exit_rule=lambda layer, probs: torch.tensor([layer >= 2] * probs.shape[0])
+    )
+    assert [s.layers_run for s in early] == [2] * len(JUDGE)
+    assert any(abs(x.probs[k] - y.probs[k]) > 1e-3 for x, y in zip(full, early) for k in LABELS)
+    engine.store.check_invariants()
+
+
+def test_a_search_under_a_cache_budget_is_the_search_without_one(qwen_lm):
+    from reliability_problems import Words
+
+    results = []
+    for budget in (None, 120_000):  # bytes; the tiny Qwen2 holds 1 KiB of K/V per token
+        s = Searcher(
+            qwen_lm,
+            Words(width=3, depth=3, max_new_tokens=4, chain=True),
+            BFS(breadth=3),
+            RKSCConfig(kv_sharing="exact", cache_budget=budget),
+            progress=False,
+        )
+        results.append(s.solve("cats"))
+        assert budget is None or s.engine.store.peak_held <= budget
+    unbounded, bounded = results
+    assert unbounded.stats["evicted_blocks"] == 0 and bounded.stats["evicted_blocks"] > 0
+    assert bounded.stats["recomputed_tokens"] > 0
+    assert_same_search([unbounded], [bounded])
+
+
 @pytest.fixture(scope="module")
 def qwen_05b():
     """Qwen2.5-Coder-0.5B-Instruct, loaded once (the first load converts the GGUF file, about a
