@@ -79,7 +79,7 @@ def load_model(name: str | None = None, device: str | None = None, dtype: Any = 
     if dummy.is_dummy(name):
         return dummy.dummy_model(name, device=device, dtype=dtype)
     if name is None or name == DEFAULT_MODEL_NAME:
-        folder = _converted_folder(default_gguf_path(), DEFAULT_MODEL_NAME)
+        folder = _converted_default_folder()
         lm = _from_folder(folder, DEFAULT_MODEL_NAME, device, dtype)
     elif registry.known(name) is not None:
         folder = _converted_folder(registry.installed_path(name), name)
@@ -215,6 +215,11 @@ def _default_tokenizer():
 
         _TOKENIZER_CACHE["default"] = shipped_tokenizer()
     return _TOKENIZER_CACHE["default"]
+
+
+def _converted_default_folder() -> Path:
+    """The default model's converted folder (scripts/export-default-tokenizer and a test read it)."""
+    return _converted_folder(default_gguf_path(), DEFAULT_MODEL_NAME)
 
 
 def _converted_folder(gguf: Path, name: str) -> Path:
