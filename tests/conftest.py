@@ -33,7 +33,8 @@ def _torch_threads(request):
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(before if "real_lm" in request.fixturenames else 1)
+    real = {"real_lm", "qwen_05b"} & set(request.fixturenames)
+    torch.set_num_threads(before if real else 1)
     try:
         yield
     finally:

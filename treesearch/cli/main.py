@@ -1,5 +1,5 @@
 """Command line: `treesearch solve TASK INPUT`, `treesearch run TASK`, `treesearch bench`, `treesearch
-calibrate`.
+calibrate`, `treesearch models`.
 
 Every argument is checked before the model loads (`treesearch.cli.checks`). Whichever module finds a bad
 one raises `UsageError`; `main` is the one place it (or any other TreeSearchError) becomes one line,
@@ -22,6 +22,7 @@ from treesearch.cli.bench_commands import check_bench
 from treesearch.cli.checks import check_solve, one_line, task_names
 from treesearch.cli.flags import add_json_flag, add_search_flags, add_task_argument
 from treesearch.cli.model_loading import load_model_or_fail, torch_threads
+from treesearch.cli.models import cmd_models
 from treesearch.cli.parser import ArgumentParser
 from treesearch.common.errors import TreeSearchError
 
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "calibrate", help="calibrate CGEE thresholds (treesearch calibrate --help)", add_help=False
     )
+    sub.add_parser("models", help="list and install models (treesearch models --help)", add_help=False)
     add_backend_args(solve)
     return parser
 
@@ -140,7 +142,11 @@ def cmd_calibrate(argv: list[str]) -> int:
 
 # Commands that parse their own arguments: main hands them everything after the command name
 # (argparse's REMAINDER would drop a leading "--option").
-HANDED_OVER: dict[str, Callable[[list[str]], int]] = {"bench": cmd_bench, "calibrate": cmd_calibrate}
+HANDED_OVER: dict[str, Callable[[list[str]], int]] = {
+    "bench": cmd_bench,
+    "calibrate": cmd_calibrate,
+    "models": cmd_models,
+}
 
 
 def _fmt(v: Any) -> str:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
@@ -31,6 +34,27 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
             pass
         raise
     return path
+
+
+@contextmanager
+def open_atomic_binary(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file to write in steps (a large file streamed in parts) that appears under path
+    only when the block ends without an error; an error or Ctrl-C leaves no file and no temporary."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 def _umask() -> int:

