@@ -200,3 +200,16 @@ def test_every_early_end_is_named_by_the_first_cause_that_applies(causes):
     assert stop.code == next(order[k] for k in order if k in causes)
     at_limit = diagnose(tree, limit=1)  # the open children now stand at the depth limit: an end
     assert (at_limit and at_limit.code) == (None if "open" in causes else stop.code)
+
+
+def test_an_expansion_whose_model_generated_nothing_names_the_likely_fix():
+    """What the README's first own-problem example did: every generation was the empty string."""
+    tree = ThoughtTree()
+    tree.add_root("Once upon a time")
+    tree.set_status(0, "expanded")
+    tree.node(0).update(terminal=False, empty_expansion=True, generations=[""])
+    assert diagnose(tree, limit=3) == StopReason(
+        "no_children",
+        HEAD + "1 expansion gave no children (the model generated no text: check expand_prompt and "
+        "the sampling's stop strings)",
+    )

@@ -81,7 +81,7 @@ def diagnose(tree: ThoughtTree, limit: int, strategy: Any = None) -> StopReason 
     for n in sorted(tree.graph):
         d = tree.node(n)
         expanded = "empty_expansion" in d
-        if d["status"] != "pruned" and (d["terminal"] or (d["depth"] >= limit and not expanded)):
+        if d["status"] != "pruned" and (d.get("terminal") or (d["depth"] >= limit and not expanded)):
             return None  # a finished branch, or one the depth limit stopped
         if tree.children(n):
             continue
@@ -101,7 +101,11 @@ def diagnose(tree: ThoughtTree, limit: int, strategy: Any = None) -> StopReason 
         budget = f" when its budget ({spent}) was spent" if spent else ""
         left = _n(len(open_), "state")
         return StopReason("budget", f"{head}; {name} stopped{budget} with {left} unexplored")
-    why = "the model generated no text" if silent else "the generated text parsed to no new state"
+    why = (
+        "the model generated no text: check expand_prompt and the sampling's stop strings"
+        if silent
+        else "the generated text parsed to no new state"
+    )
     parts = [
         (overflow, "context_full", f"{_n(len(overflow), 'prompt')} did not fit the model's context window"),
         (empty, "no_children", f"{_n(len(empty), 'expansion')} gave no children ({why})"),
