@@ -78,9 +78,11 @@ def cmd_solve(args: argparse.Namespace) -> int:
             result = searcher.resume(args.resume) if args.resume else searcher.solve(args.input)
         except (TreeSearchError, KeyboardInterrupt) as exc:
             return _stopped(exc, args, plan.problem)
-    print(result.tree.text_view(max_nodes=args.max_nodes))
+    print(result.tree.text_view(max_nodes=args.max_nodes, stop=False))  # the stop line comes below
     print()
     print("\n".join(answer_lines(result)))
+    if result.stop_reason is not None:  # why the search ended early, in one line
+        print(result.stop_reason)
     print("stats: " + ", ".join(f"{k}={_fmt(v)}" for k, v in result.stats.items()))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result.to_json(plan.problem), indent=1, default=repr))

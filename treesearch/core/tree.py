@@ -190,8 +190,9 @@ class ThoughtTree:
         return cls.from_json(data, state_from_json)
 
     # -- display ---------------------------------------------------------------------------------
-    def text_view(self, max_nodes: int = 60, width: int = 90) -> str:
-        """A compact indented view: id, status, score, thought."""
+    def text_view(self, max_nodes: int = 60, width: int = 90, *, stop: bool = True) -> str:
+        """A compact indented view: id, status, score, thought; first, with `stop`, the line saying
+        why the search stopped early, when it did (tree.meta["stop_reason"])."""
         lines: list[str] = []
         marks = {"frontier": " ", "expanded": "+", "pruned": "x", "solution": "*"}
 
@@ -211,7 +212,14 @@ class ThoughtTree:
         if len(self.graph) > len(lines):
             lines.append(f"... {len(self.graph) - len(lines)} more nodes")
         lines.append("legend: [+] expanded  [x] pruned  [*] solution  [ ] frontier")
-        return "\n".join(lines)
+        return "\n".join(self._stop_lines(stop) + lines)
+
+    def _stop_lines(self, stop: bool) -> list[str]:
+        """The line saying why the search stopped early (none when it ran to its end, or not `stop`)."""
+        from treesearch.viz.notes import stop_line
+
+        note = stop_line(self.meta.get("stop_reason")) if stop else None
+        return [note] if note else []
 
     def __repr__(self) -> str:
         return f"ThoughtTree({len(self.graph)} nodes)"

@@ -9,12 +9,17 @@ from pathlib import Path
 from treesearch.common.errors import SaveFileError
 from treesearch.core.problem import Problem
 from treesearch.core.tree import ThoughtTree
+from treesearch.search.stop import StopReason
 
 
 @dataclass
 class SearchResult:
     """What `Searcher.solve` and `Searcher.resume` return, and what an interrupted search leaves on
     its exception as `exc.partial_result` (status "interrupted", error naming the exception).
+
+    `stop_reason` says why a search ended early (every expansion empty, a prompt over the context,
+    the strategy's budget spent, an exception...): a `StopReason` with a stable `code` and a
+    `message`; None when the search ran to its strategy's end (`treesearch.search.stop`).
 
     `save(path)` / `SearchResult.load(path, problem)` round-trip everything but the KV handles
     (see `treesearch.search.persist` for the file format and its checks)."""
@@ -32,6 +37,7 @@ class SearchResult:
     worker: str | None = (
         None  # the Ray worker that ran the search (`treesearch.run_distributed`); None: this process
     )
+    stop_reason: StopReason | None = None  # why it ended early (treesearch.search.stop); None: ran to its end
 
     def to_json(self, problem: Problem | None = None) -> dict:
         problem = problem or self.problem
@@ -43,6 +49,7 @@ class SearchResult:
             "answer_node": self.answer_node,
             "status": self.status,
             "error": self.error,
+            "stop_reason": self.stop_reason.to_json() if self.stop_reason is not None else None,
             "stats": self.stats,
             "config": self.config,
             "tree": self.tree.to_json(conv),
@@ -82,4 +89,5 @@ class SearchResult:
             error=r["error"],
             problem=problem,
             answer_node=answer_node,
+            stop_reason=StopReason.from_json(r.get("stop_reason")),  # files from before it: None
         )
