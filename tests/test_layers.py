@@ -167,13 +167,12 @@ def test_no_private_name_is_imported_across_modules():
 # Files and classes still over the limits after the move into packages (and ruff's formatting, which
 # added about a fifth to every file): each may shrink, never grow. Split them, then drop their entry.
 TOO_BIG_FILES = {
-    "treesearch/backends/server.py": 546,
     "treesearch/cache/kvstore.py": 467,
     "treesearch/calibrate/cgee_fit.py": 466,
     "treesearch/engine/local.py": 489,
     "treesearch/search/searcher.py": 499,
 }
-TOO_BIG_CLASSES = {"ServerEngine": 365, "KVStore": 363, "CacheManager": 377, "Engine": 436, "Searcher": 433}
+TOO_BIG_CLASSES = {"KVStore": 363, "CacheManager": 377, "Engine": 436, "Searcher": 433}
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
