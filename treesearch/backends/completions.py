@@ -1,10 +1,16 @@
 """A `/v1/completions` answer as our results: a choice as a `Generation` (text, per-token
 log-probabilities, each token's character range, finish), the next token's top-k log-probabilities,
 the labels' probabilities read from them, and the answer's token counts (`usage`). Pure functions
-over the decoded JSON, so each is tested without a server."""
+over the decoded JSON, so each is tested without a server.
+
+Two layouts of `logprobs` are read: the OpenAI completions one (vLLM, SGLang, llama-cpp-python:
+parallel lists `tokens`, `token_logprobs`, `top_logprobs` of {text: logprob} and `text_offset`) and
+llama.cpp's server's (`content`: one {id, token, bytes, logprob, top_logprobs: [{token, logprob}]}
+per generated token; its token ids are kept and the character ranges come from the bytes)."""
 
 from __future__ import annotations
 
+import codecs
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -51,9 +57,19 @@ def label_probs(
 
 
 def top_logprobs(logprobs: Any) -> dict[str, float]:
-    """The first position's top-k {token text: logprob} of a completions logprobs object."""
+    """The first position's top-k {token text: logprob} of a completions logprobs object (either
+    layout; where two listed tokens share a text, the likelier one's)."""
     if not isinstance(logprobs, dict):
         return {}
+    content = logprobs.get("content")
+    if isinstance(content, list):  # llama.cpp's server
+        first = content[0].get("top_logprobs") if content and isinstance(content[0], dict) else None
+        out: dict[str, float] = {}
+        for e in first if isinstance(first, list) else []:
+            v = e.get("logprob") if isinstance(e, dict) else None
+            if isinstance(v, (int, float)) and float(v) > out.get(str(e.get("token")), -math.inf):
+                out[str(e.get("token"))] = float(v)
+        return out
     tops = logprobs.get("top_logprobs") or []
     first = tops[0] if tops else None
     if not isinstance(first, dict):
@@ -61,33 +77,69 @@ def top_logprobs(logprobs: Any) -> dict[str, float]:
     return {str(k): float(v) for k, v in first.items() if isinstance(v, (int, float))}
 
 
-def generation(choice: dict, sampling: Sampling, prompt_tokens: int, cached: int) -> Generation:
+def generation(
+    choice: dict, sampling: Sampling, prompt_tokens: int, cached: int, completion_tokens: int = 0
+) -> Generation:
     """The Generation of one choice: its text, the per-token log-probabilities and character ranges
     (from the choice's logprobs, where asked for), the finish reason in the local engine's names."""
     text = str(choice.get("text") or "")
     raw = choice.get("logprobs")
     lp = raw if isinstance(raw, dict) else {}
-    tokens = [str(t) for t in lp.get("tokens") or []]
-    logprobs = [float(v) if v is not None else 0.0 for v in lp.get("token_logprobs") or []][: len(tokens)]
-    offsets = token_char_offsets(text, tokens, lp.get("text_offset"))
+    content = lp.get("content")
+    ids: list[int] = []
+    if isinstance(content, list):  # llama.cpp's server: one entry per token
+        entries = [e for e in content if isinstance(e, dict)]
+        tokens = [str(e.get("token") or "") for e in entries]
+        logprobs = [float(e["logprob"]) if _number(e.get("logprob")) else 0.0 for e in entries]
+        if all(isinstance(e.get("id"), int) for e in entries):
+            ids = [int(e["id"]) for e in entries]
+        if all(isinstance(e.get("bytes"), list) for e in entries):
+            offsets = byte_char_offsets(text, [bytes(e["bytes"]) for e in entries])
+        else:
+            offsets = token_char_offsets(text, tokens, None)
+    else:
+        tokens = [str(t) for t in lp.get("tokens") or []]
+        logprobs = [float(v) if v is not None else 0.0 for v in lp.get("token_logprobs") or []][: len(tokens)]
+        offsets = token_char_offsets(text, tokens, lp.get("text_offset"))
+    cut = isinstance(content, list) and completion_tokens > len(tokens)
     return Generation(
         text=text,
-        token_ids=[],
+        token_ids=ids,
         logprobs=logprobs,
-        finish=finish_name(choice, sampling),
+        finish=finish_name(choice, sampling, stop_cut=cut),
         prompt_tokens=prompt_tokens,
         reused_tokens=cached,
         offsets=offsets,
     )
 
 
-def finish_name(choice: dict, sampling: Sampling) -> str:
-    """The local engine's finish names: "length", "stop" (a stop string) or "eos"."""
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def finish_name(choice: dict, sampling: Sampling, *, stop_cut: bool = False) -> str:
+    """The local engine's finish names: "length", "stop" (a stop string) or "eos". vLLM names the
+    stop string in stop_reason; llama.cpp's server says "stop" for both and leaves out of its
+    per-token logprobs the tokens of a matched stop string (stop_cut: fewer than it generated)."""
     reason = choice.get("finish_reason")
     if reason == "length":
         return "length"
     stop_reason = choice.get("stop_reason")  # vLLM: the stop string matched, or an EOS token id / None
-    return "stop" if isinstance(stop_reason, str) and stop_reason in sampling.stop else "eos"
+    if isinstance(stop_reason, str):
+        return "stop" if stop_reason in sampling.stop else "eos"
+    return "stop" if stop_cut and reason == "stop" and sampling.stop else "eos"
+
+
+def byte_char_offsets(text: str, pieces: Sequence[bytes]) -> list[tuple[int, int]]:
+    """Character range [start, end) in text of each token given its UTF-8 bytes, clipped to the text:
+    a character split over two tokens belongs to the token that completes it."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    out, pos, size = [], 0, len(text)
+    for piece in pieces:
+        end = pos + len(decoder.decode(piece))
+        out.append((min(pos, size), min(end, size)))
+        pos = end
+    return out
 
 
 def token_char_offsets(

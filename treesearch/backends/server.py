@@ -17,25 +17,30 @@ time, so the server can batch them):
   one request each, so that each keeps its own seed (one request with `n` would share one seed).
   Each Generation gets the server's per-token log-probabilities (`logprobs`, untempered on vLLM
   and llama.cpp) and each token's character range in its text (`offsets`), so CGEE Level 1 works
-  per child (`Searcher` reads them through `token_offsets`). `token_ids` is empty: the
-  completions API returns token strings, not ids (nothing in a search needs the ids of a server).
-  `finish` is "length", or "stop" where the server reports a stop string, else "eos".
+  per child (`Searcher` reads them through `token_offsets`). `token_ids` are the ids where the
+  server gives them (llama.cpp's server), else empty: the OpenAI layout has token strings only
+  (nothing in a search needs a server's ids). `finish` is "length", or "stop" where the server
+  reports a stop string (vLLM: stop_reason; llama.cpp's server: the stop string's tokens left out
+  of its logprobs), else "eos".
 - score: `max_tokens=1`, `temperature=0`, `logprobs=top_logprobs` (default 20): the next token's
   top-k log-probabilities. A label's probability is that of its first token (the local engine
-  scores whole label sequences), found in the top-k by the token's text. A label whose first token is not
-  in the top-k
-  gets the floor probability min(`label_floor`, smallest top-k probability) (default floor 1e-6:
-  never above a listed token), counted in `stats.label_floor_hits`; `Score.probs` is renormalised
+  scores whole label sequences), found in the top-k by the token's text (llama.cpp's server reads
+  `logprobs` as its `n_probs`). A label whose first token is not in the top-k gets the floor
+  probability min(`label_floor`, smallest top-k probability) (default floor 1e-6: never above a
+  listed token), counted in `stats.label_floor_hits`; `Score.probs` is renormalised
   over the labels, so it is always a distribution.
 Sampling is plain temperature / top-p, as in the local engine. llama.cpp servers default to more
 (top-k 40, min-p 0.05, llama-cpp-python a repeat penalty of 1.1, which changes greedy output), so
 when `/v1/models` says the server is llama.cpp (`owned_by` "llamacpp", or llama-cpp-python's "me"),
-neutral values are sent (`LLAMA_CPP_NEUTRAL`); `extra_body` adds or overrides fields of every request.
+neutral values are sent (`LLAMA_CPP_NEUTRAL`), and llama.cpp's own server (`llama-server`) also gets
+`cache_prompt` (each slot keeps its prompt's K/V for the next request that shares the prefix);
+`extra_body` adds or overrides fields of every request. Tokenizing uses the server's own endpoint
+(llama.cpp and vLLM: /tokenize, see `server_tokens`).
 
 Counters (`stats`, from each answer's `usage`; one request = one model call):
 - prefill_tokens = usage.prompt_tokens - cached; reused_tokens = cached, where cached =
-  usage.prompt_tokens_details.cached_tokens (vLLM with prefix caching and SGLang report it;
-  llama.cpp does not, so there everything counts as prefill);
+  usage.prompt_tokens_details.cached_tokens (vLLM with prefix caching, SGLang and llama-server
+  report it; llama-cpp-python does not, so there everything counts as prefill);
 - decode_tokens = usage.completion_tokens - choices (the last token of a row is never fed back, as
   in the local engine); generated_tokens = usage.completion_tokens; unique_tokens and peak_kv_bytes 0.
 Features: none of `treesearch.backends.protocol.FEATURES` (no ASKS, CGEE Level 2, cache budgets or kv_map):
@@ -229,8 +234,8 @@ class ServerEngine:
                 f"{len(prompt)} characters; check the server's log",
                 url=self.client.root,
             )
-        prompt_tokens, cached = self._count(data, 1, stats)
-        return completions.generation(choices[0], sampling, prompt_tokens, cached)
+        prompt_tokens, completion_tokens, cached = self._count(data, 1, stats)
+        return completions.generation(choices[0], sampling, prompt_tokens, cached, completion_tokens)
 
     # -- score ---------------------------------------------------------------------------------------
     def score(
@@ -276,7 +281,7 @@ class ServerEngine:
         data = self._post_completion(body)
         choice = (data.get("choices") or [{}])[0]
         top = completions.top_logprobs(choice.get("logprobs"))
-        _, cached = self._count(data, 1, stats)
+        _, _, cached = self._count(data, 1, stats)
         raw, floored = label_probs(top, labels, keys, self.label_floor)
         with self._lock:
             stats.label_floor_hits += floored
@@ -339,8 +344,8 @@ class ServerEngine:
             )
         return data
 
-    def _count(self, data: dict, choices: int, s: Stats) -> tuple[int, int]:
-        """Add one answer's usage to the counters; returns (prompt tokens, cached prompt tokens)."""
+    def _count(self, data: dict, choices: int, s: Stats) -> tuple[int, int, int]:
+        """Add one answer's usage to the counters; returns (prompt, completion, cached prompt) tokens."""
         prompt, completion, cached = completions.usage_counts(data)
         with self._lock:
             s.model_calls += 1
@@ -348,7 +353,7 @@ class ServerEngine:
             s.reused_tokens += cached
             s.decode_tokens += max(0, completion - choices)
             s.generated_tokens += completion
-        return prompt, cached
+        return prompt, completion, cached
 
     def _extra(self) -> dict:
         """Fields added to every completion request (`server_models.request_defaults`)."""

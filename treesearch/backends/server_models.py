@@ -8,6 +8,7 @@ from treesearch.common.errors import ServerError
 
 LLAMA_CPP_NEUTRAL = {"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0}  # plain temperature / top-p sampling
 LLAMA_CPP_OWNERS = ("llamacpp", "me")  # /v1/models owned_by of llama.cpp's server and llama-cpp-python's
+LLAMA_SERVER_FIELDS = {"cache_prompt": True}  # llama-server ("llamacpp"): reuse a slot's cached prefix
 
 
 def list_models(client: ServerClient) -> list[dict]:
@@ -31,7 +32,9 @@ def first_model(client: ServerClient, models: list[dict]) -> str:
 
 def request_defaults(models: list[dict], extra_body: dict) -> dict:
     """Fields added to every completion request: neutral sampling where a model is owned by llama.cpp
-    (its servers default to top-k 40, min-p 0.05, a repeat penalty), then extra_body over them."""
+    (its servers default to top-k 40, min-p 0.05, a repeat penalty), `cache_prompt` for llama.cpp's
+    own server, then extra_body over them."""
     owners = {str(m.get("owned_by", "")) for m in models}
     neutral = LLAMA_CPP_NEUTRAL if owners & set(LLAMA_CPP_OWNERS) else {}
-    return {**neutral, **extra_body}
+    native = LLAMA_SERVER_FIELDS if "llamacpp" in owners else {}
+    return {**neutral, **native, **extra_body}
