@@ -149,35 +149,51 @@ def test_game24_bfs_solves_through_llama_server(engine):
     assert all(0 < tree.node(n)["confidence"] <= 1 for n in tree.graph if n != tree.root)
 
 
-def test_value_labels_get_the_probabilities_llama_server_gives_their_first_tokens(engine, server):
+# llama.cpp's numbers for one prompt depend on the batch it is decoded in and on what its slots have
+# cached (measured on the first Game of 24 value prompt: P(" sure") 0.106 alone without the prompt
+# cache, 0.115 in a batch of four, 0.116 to 0.134 with the prompt cache and four slots; our fp32 engine
+# 0.109). One request at a time without the prompt cache, its answers are the same every time: the
+# tests that compare two answers for equality ask that way.
+ALONE = {"cache_prompt": False}
+
+
+@pytest.fixture
+def alone(server) -> Iterator[ServerEngine]:
+    eng = ServerEngine(server.url, ALIAS, timeout=120, max_concurrency=1, extra_body=ALONE)
+    yield eng
+    eng.close()
+
+
+def test_value_labels_get_the_probabilities_llama_server_gives_their_first_tokens(alone, server):
+    """Each label's raw probability is exp(logprob) of its first token in the server's own top-20
+    (its native /completion with n_probs)."""
     from treesearch.tasks.game24 import LABELS
 
     prompts = value_prompts(3)
-    scores = engine.score(prompts, list(LABELS))
-    assert engine.stats.score_calls == 1 and engine.stats.model_calls == 3
+    scores = alone.score(prompts, list(LABELS))
+    assert alone.stats.score_calls == 1 and alone.stats.model_calls == 3
     for prompt, s in zip(prompts, scores):
-        native = httpx.post(  # the native endpoint: its own n_probs, not the OpenAI layout
+        native = httpx.post(
             root_url(server.url) + "/completion",
-            json={"prompt": prompt, "n_predict": 1, "n_probs": 20, "temperature": 0, "top_k": 0},
+            json={"prompt": prompt, "n_predict": 1, "n_probs": 20, "temperature": 0, **ALONE},
             timeout=120,
         ).json()
         top = {e["token"]: e["logprob"] for e in native["completion_probabilities"][0]["top_logprobs"]}
-        listed = [lab for lab in LABELS if engine.label_key(lab) in top]
+        listed = [lab for lab in LABELS if alone.label_key(lab) in top]
         assert listed, (top, LABELS)  # at least one label is among the top 20
         for lab in listed:
-            assert s.raw[lab] == pytest.approx(math.exp(top[engine.label_key(lab)]), rel=1e-4)
+            assert s.raw[lab] == pytest.approx(math.exp(top[alone.label_key(lab)]), rel=1e-5)
         assert sum(s.probs.values()) == pytest.approx(1.0, abs=1e-9)
 
 
-def test_sampled_rows_keep_their_own_seeds(engine):
+def test_sampled_rows_keep_their_own_seeds(alone):
     prompt = "Write one short sentence about the sea.\n"
     sampling = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=20)
-    gens = engine.generate([prompt] * 4, sampling, seeds=[5, 5, 6, 7])
+    gens = alone.generate([prompt] * 4, sampling, seeds=[5, 5, 6, 7])
     texts = [g.text for g in gens]
-    assert texts[0] == texts[1]  # same seed, same text, though decoded side by side in two slots
+    assert texts[0] == texts[1]  # same seed, same text
     assert len({texts[0], texts[2], texts[3]}) == 3  # other seeds, other texts
-    again = engine.generate([prompt], sampling, seeds=[5])[0]
-    assert again.text == texts[0]  # and the seed reproduces it in a later call
+    assert alone.generate([prompt], sampling, seeds=[6])[0].text == texts[2]  # in a later call too
     for g in gens:  # each token's id, log-probability and character range, covering the text
         assert g.token_ids and len(g.logprobs) == len(g.token_ids) == len(g.offsets)
         assert "".join(g.text[a:b] for a, b in g.offsets) == g.text
@@ -235,8 +251,8 @@ def test_the_server_killed_mid_search_fails_clearly_and_keeps_the_partial_tree(t
 
 
 def test_a_slot_limit_below_the_concurrency_queues_requests_and_loses_none(tmp_path):
-    """Two slots, eight requests at once: the server queues six, and every answer is the one the
-    same request gets alone."""
+    """Two slots, eight requests at once: the server queues six, and every row gets its own answer
+    (as many answers as requests, each counting its own prompt's tokens)."""
     from treesearch.tasks.game24 import LABELS, Game24, load_puzzles
 
     game = Game24()
@@ -247,12 +263,11 @@ def test_a_slot_limit_below_the_concurrency_queues_requests_and_loses_none(tmp_p
     with running_llama_server(tmp_path / "server.log", parallel=2) as srv:
         wide = ServerEngine(srv.url, ALIAS, timeout=300, max_concurrency=8)
         gens, scores = wide.generate(expand, greedy), wide.score(values, list(LABELS))
-        one = ServerEngine(srv.url, ALIAS, timeout=300, max_concurrency=1)
-        gens1, scores1 = one.generate(expand, greedy), one.score(values, list(LABELS))
-        wide.close(), one.close()
+        lengths = [len(wide.tokenize(p)) for p in expand]
+        wide.close()
         slots = set(re.findall(r"slot\s+\w+: id\s+(\d+)", srv.log.read_text()))
     assert slots == {"0", "1"}  # two slots served the eight requests
-    assert wide.stats.model_calls == one.stats.model_calls == 16
-    assert all(g.text for g in gens) and [g.text for g in gens] == [g.text for g in gens1]
-    for s, s1 in zip(scores, scores1):
-        assert s.probs == pytest.approx(s1.probs, abs=1e-4)
+    assert wide.stats.model_calls == 16 and wide.stats.generate_calls == wide.stats.score_calls == 1
+    assert [g.prompt_tokens for g in gens] == lengths and all(g.text and g.token_ids for g in gens)
+    assert len(scores) == 8 and all(sum(s.probs.values()) == pytest.approx(1.0, abs=1e-9) for s in scores)
+    assert wide.stats.label_floor_hits < 8 * len(LABELS)
