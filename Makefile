@@ -28,7 +28,16 @@ LLAMA_CPP ?= >=0.3.36,<0.4
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 LLAMA_WHEELS ?= $(HOME)/.cache/treesearch/llama-cpp-wheels/$(shell printf '%s' '$(LLAMA_CPP) $(LLAMA_CMAKE_ARGS)' | md5sum | cut -c1-12)
 
-.PHONY: setup demo test bench clean models test-model
+# llama.cpp's own C++ server, the CPU peer of the local engine (tests/backends/test_llama_server.py runs
+# against it). Built from source: the llama.cpp tree vendored in the llama-cpp-python source archive that
+# PyPI serves (same LLAMA_CPP range, same portable flags; no web UI, no HTTPS, static), only the
+# llama-server target, once per range and flags into LLAMA_SERVER_DIR; $(VENV)/bin/llama-server links it.
+LLAMA_SERVER_CMAKE_ARGS ?= -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+LLAMA_SERVER_JOBS ?= 2
+LLAMA_SERVER_DIR ?= $(HOME)/.cache/treesearch/llama-server/$(shell printf '%s' '$(LLAMA_CPP) $(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS)' | md5sum | cut -c1-12)
+LLAMA_SERVER := $(LLAMA_SERVER_DIR)/llama-server
+
+.PHONY: setup demo test bench clean models test-model llama-server
 setup: $(VENV)/.treesearch-installed
 
 $(VENV)/.treesearch-installed: pyproject.toml
@@ -61,6 +70,25 @@ $(VENV)/.treesearch-test-installed: $(VENV)/.treesearch-installed
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+llama-server: $(LLAMA_SERVER)
+	@mkdir -p $(VENV)/bin
+	ln -sf $(LLAMA_SERVER) $(VENV)/bin/llama-server
+	@echo "llama-server: $(LLAMA_SERVER) (linked as $(VENV)/bin/llama-server)"
+
+$(LLAMA_SERVER):
+	@echo "llama-server: downloading the llama-cpp-python$(LLAMA_CPP) source archive into $(LLAMA_SERVER_DIR)"
+	mkdir -p $(LLAMA_SERVER_DIR)/src
+	$(PYTHON) -m pip download -q --no-deps --no-binary :all: -d $(LLAMA_SERVER_DIR)/src "llama-cpp-python$(LLAMA_CPP)"
+	tar xzf $(LLAMA_SERVER_DIR)/src/llama_cpp_python-*.tar.gz -C $(LLAMA_SERVER_DIR)/src
+	@echo "llama-server: compiling its vendor/llama.cpp (flags: $(LLAMA_CMAKE_ARGS); ~20 min on 2 cores)"
+	cmake -S $(LLAMA_SERVER_DIR)/src/llama_cpp_python-*/vendor/llama.cpp -B $(LLAMA_SERVER_DIR)/build \
+	  $(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS)
+	cmake --build $(LLAMA_SERVER_DIR)/build --target llama-server -j$(LLAMA_SERVER_JOBS)
+	cp $(LLAMA_SERVER_DIR)/build/bin/llama-server $@.tmp
+	ls $(LLAMA_SERVER_DIR)/src/llama_cpp_python-*.tar.gz | sed 's|.*/||' > $(LLAMA_SERVER_DIR)/source.txt
+	rm -rf $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/build
+	mv $@.tmp $@
+
 demo: setup
 	$(VENV)/bin/treesearch solve game24 "$(PUZZLE)"
 
@@ -73,7 +101,7 @@ test-model: setup
 	@echo "setup: installing $(TEST_MODEL) for the real Qwen2 test (491 MB from PyPI, once)"
 	$(PY) -m treesearch models install $(TEST_MODEL)
 
-test: $(VENV)/.treesearch-test-installed test-model
+test: $(VENV)/.treesearch-test-installed test-model llama-server
 	$(PY) -m ruff check treesearch strategies tests examples
 	$(PY) -m ruff format --check treesearch strategies tests examples notebooks/execute.py
 	$(PY) -m mypy

@@ -1,8 +1,10 @@
-"""`make setup` says what it installs, and TORCH_INDEX picks the index torch comes from (checked
-with `make -n`, which prints the commands without running them)."""
+"""`make setup` says what it installs, TORCH_INDEX picks the index torch comes from, and
+`make llama-server` builds llama.cpp's server from source once per version and flags, before
+`make test` runs (checked with `make -n`, which prints the commands without running them)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -60,3 +62,48 @@ def test_make_models_installs_the_named_model_and_make_test_the_qwen_05b(tmp_pat
     test = dry("test")
     assert f"{py} -m treesearch models install qwen2.5-coder-0.5b\n" in test
     assert test.index("models install qwen2.5-coder-0.5b") < test.index(f"{py} -m pytest -q")
+def make_n(*args: str) -> str:
+    out = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=60, check=True
+    )
+    return out.stdout
+
+
+def test_llama_server_is_built_from_the_sdists_llama_cpp_tree_with_the_portable_flags(tmp_path):
+    cache = tmp_path / "ls"
+    text = make_n("llama-server", f"VENV={tmp_path / 'venv'}", f"LLAMA_SERVER_DIR={cache}")
+    assert (
+        f'-m pip download -q --no-deps --no-binary :all: -d {cache}/src "llama-cpp-python>=0.3.36,<0.4"'
+        in text
+    )
+    assert f"cmake -S {cache}/src/llama_cpp_python-*/vendor/llama.cpp -B {cache}/build" in text
+    flags = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+    assert flags in text and "-DLLAMA_USE_PREBUILT_UI=OFF" in text  # no download at build time
+    assert f"cmake --build {cache}/build --target llama-server -j2" in text
+    assert f"ln -sf {cache}/llama-server {tmp_path / 'venv'}/bin/llama-server" in text
+
+
+def test_a_built_llama_server_is_not_built_again(tmp_path):
+    cache = tmp_path / "ls"
+    cache.mkdir()
+    (cache / "llama-server").write_text("")
+    text = make_n("llama-server", f"VENV={tmp_path / 'venv'}", f"LLAMA_SERVER_DIR={cache}")
+    assert "pip download" not in text and "cmake" not in text
+    assert f"ln -sf {cache}/llama-server {tmp_path / 'venv'}/bin/llama-server" in text
+
+
+def test_the_llama_server_cache_folder_is_keyed_by_version_and_flags(tmp_path):
+    def folder(*assignments: str) -> str:
+        text = make_n("llama-server", f"HOME={tmp_path}", f"VENV={tmp_path / 'venv'}", *assignments)
+        return re.search(rf"{tmp_path}/\.cache/treesearch/llama-server/(\w+)/", text).group(1)
+
+    default = folder()
+    assert folder() == default
+    assert folder("LLAMA_CMAKE_ARGS=-DGGML_NATIVE=ON") != default
+    assert folder("LLAMA_CPP=>=0.3.37,<0.4") != default
+
+
+def test_make_test_builds_llama_server_before_running_the_tests(tmp_path):
+    cache = tmp_path / "ls"
+    text = make_n("test", f"VENV={tmp_path / 'venv'}", f"LLAMA_SERVER_DIR={cache}")
+    assert text.index(f"cmake --build {cache}/build --target llama-server") < text.index("-m pytest -q")

@@ -17,71 +17,71 @@ time, so the server can batch them):
   one request each, so that each keeps its own seed (one request with `n` would share one seed).
   Each Generation gets the server's per-token log-probabilities (`logprobs`, untempered on vLLM
   and llama.cpp) and each token's character range in its text (`offsets`), so CGEE Level 1 works
-  per child (`Searcher` reads them through `token_offsets`). `token_ids` is empty: the
-  completions API returns token strings, not ids (nothing in a search needs the ids of a server).
-  `finish` is "length", or "stop" where the server reports a stop string, else "eos".
+  per child (`Searcher` reads them through `token_offsets`). `token_ids` are the ids where the
+  server gives them (llama.cpp's server), else empty: the OpenAI layout has token strings only
+  (nothing in a search needs a server's ids). `finish` is "length", or "stop" where the server
+  reports a stop string (vLLM: stop_reason; llama.cpp's server: the stop string's tokens left out
+  of its logprobs), else "eos".
 - score: `max_tokens=1`, `temperature=0`, `logprobs=top_logprobs` (default 20): the next token's
   top-k log-probabilities. A label's probability is that of its first token (the local engine
-  scores whole label sequences), found in the top-k by the token's text. A label whose first token is not
-  in the top-k
-  gets the floor probability min(`label_floor`, smallest top-k probability) (default floor 1e-6:
-  never above a listed token), counted in `stats.label_floor_hits`; `Score.probs` is renormalised
+  scores whole label sequences), found in the top-k by the token's text (llama.cpp's server reads
+  `logprobs` as its `n_probs`). A label whose first token is not in the top-k gets the floor
+  probability min(`label_floor`, smallest top-k probability) (default floor 1e-6: never above a
+  listed token), counted in `stats.label_floor_hits`; `Score.probs` is renormalised
   over the labels, so it is always a distribution.
 Sampling is plain temperature / top-p, as in the local engine. llama.cpp servers default to more
 (top-k 40, min-p 0.05, llama-cpp-python a repeat penalty of 1.1, which changes greedy output), so
 when `/v1/models` says the server is llama.cpp (`owned_by` "llamacpp", or llama-cpp-python's "me"),
-neutral values are sent (`LLAMA_CPP_NEUTRAL`); `extra_body` adds or overrides fields of every request.
+neutral values are sent (`LLAMA_CPP_NEUTRAL`), and llama.cpp's own server (`llama-server`) also gets
+`cache_prompt` (each slot keeps its prompt's K/V for the next request that shares the prefix);
+`extra_body` adds or overrides fields of every request. Tokenizing uses the server's own endpoint
+(llama.cpp and vLLM: /tokenize, see `server_tokens`).
 
 Counters (`stats`, from each answer's `usage`; one request = one model call):
 - prefill_tokens = usage.prompt_tokens - cached; reused_tokens = cached, where cached =
-  usage.prompt_tokens_details.cached_tokens (vLLM with prefix caching and SGLang report it;
-  llama.cpp does not, so there everything counts as prefill);
+  usage.prompt_tokens_details.cached_tokens (vLLM with prefix caching, SGLang and llama-server
+  report it; llama-cpp-python does not, so there everything counts as prefill);
 - decode_tokens = usage.completion_tokens - choices (the last token of a row is never fed back, as
   in the local engine); generated_tokens = usage.completion_tokens; unique_tokens and peak_kv_bytes 0.
 Features: none of `treesearch.backends.protocol.FEATURES` (no ASKS, CGEE Level 2, cache budgets or kv_map):
 `Searcher` refuses a config asking for one at once. `num_layers` = 1 (a score is one full pass).
+Answers are read in `treesearch.backends.completions`, tokens asked in `server_tokens`, the server
+identified in `server_models`; `request_pool` sends the requests of a call concurrently.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import math
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from treesearch.backends import completions
+from treesearch.backends.completions import check_prompt, label_probs, token_char_offsets
 from treesearch.backends.protocol import Generation, Score
+from treesearch.backends.request_pool import RequestPool
+from treesearch.backends.server_models import (
+    LLAMA_CPP_NEUTRAL,
+    LLAMA_CPP_OWNERS,
+    first_model,
+    list_models,
+    request_defaults,
+)
+from treesearch.backends.server_tokens import TOKENIZE_ENDPOINTS, NoTokenizeEndpoint, ServerTokenizer
 from treesearch.common.config import Sampling
 from treesearch.common.errors import ConfigError, ProblemDefinitionError, ServerError
 from treesearch.common.seeds import stable_seed
 from treesearch.common.stats import Stats, distinct, per_row
 
-log = logging.getLogger(__name__)
-
-LLAMA_CPP_NEUTRAL = {"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0}  # plain temperature / top-p sampling
-LLAMA_CPP_OWNERS = ("llamacpp", "me")  # /v1/models owned_by of llama.cpp's server and llama-cpp-python's
-# Tokenize endpoints tried in order: vLLM and llama.cpp's server share /tokenize (vLLM reads
-# "prompt", llama.cpp "content"), SGLang has /v1/tokenize, llama-cpp-python /extras/tokenize.
-TOKENIZE_ENDPOINTS: tuple[tuple[str, Callable[[str, str], dict]], ...] = (
-    (
-        "/tokenize",
-        lambda model, text: {
-            "model": model,
-            "prompt": text,
-            "content": text,
-            "add_special_tokens": False,
-            "add_special": False,
-        },
-    ),
-    ("/v1/tokenize", lambda model, text: {"model": model, "prompt": text, "add_special_tokens": False}),
-    ("/extras/tokenize", lambda model, text: {"model": model, "input": text}),
-)
-
-
-class NoTokenizeEndpoint(ServerError):
-    """The server offers none of the tokenize endpoints in TOKENIZE_ENDPOINTS."""
+__all__ = [
+    "LLAMA_CPP_NEUTRAL",
+    "LLAMA_CPP_OWNERS",
+    "TOKENIZE_ENDPOINTS",
+    "NoTokenizeEndpoint",
+    "ServerEngine",
+    "label_probs",
+    "token_char_offsets",
+]
 
 
 class ServerEngine:
@@ -143,15 +143,12 @@ class ServerEngine:
         self.logprobs = logprobs
         self.stats = Stats()
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
+        self.pool = RequestPool(max_concurrency)
         self._calls = 0
         self._models: list[dict] | None = None
         self._sampling_extra: dict | None = None
-        self._tokenize_path: str | None = None
-        self._special_prefix: list[int] | None = None
-        self._token_cache: dict[str, list[int]] = {}
-        self._label_keys: dict[str, str] = {}
-        self.model = model if model is not None else self._first_model()
+        self.model = model if model is not None else first_model(self.client, self._list_models())
+        self.tokens = ServerTokenizer(self.client, self.model)
         self.name = self.model  # CGEE calibrations are looked up by this name
 
     def __repr__(self) -> str:
@@ -159,9 +156,7 @@ class ServerEngine:
 
     def close(self) -> None:
         """Close the connections and the request threads (the engine cannot be used afterwards)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        self.pool.close()
         self.client.close()
 
     def __enter__(self) -> ServerEngine:
@@ -185,7 +180,7 @@ class ServerEngine:
         sampling = sampling or Sampling()
         if not prompts:
             return []
-        prompts = [_check_prompt(p) for p in prompts]
+        prompts = [check_prompt(p) for p in prompts]
         charge = per_row(len(prompts), stats, self.stats)
         self._extra()  # asks /v1/models once, before the requests go out in parallel
         self._calls += 1
@@ -204,7 +199,7 @@ class ServerEngine:
                     jobs.append((p, seeds[i], [i]))
         else:
             jobs = [(p, s, [i]) for i, (p, s) in enumerate(zip(prompts, seeds))]
-        answers = self._map(lambda job: self._complete(job[0], job[1], sampling, charge[job[2][0]]), jobs)
+        answers = self.pool.map(lambda job: self._complete(job[0], job[1], sampling, charge[job[2][0]]), jobs)
         out: list[Generation | None] = [None] * len(prompts)
         for (_, _, rows), gen in zip(jobs, answers):
             for k, row in enumerate(rows):
@@ -239,8 +234,8 @@ class ServerEngine:
                 f"{len(prompt)} characters; check the server's log",
                 url=self.client.root,
             )
-        prompt_tokens, cached = self._count(data, 1, stats)
-        return _generation(choices[0], sampling, prompt_tokens, cached)
+        prompt_tokens, completion_tokens, cached = self._count(data, 1, stats)
+        return completions.generation(choices[0], sampling, prompt_tokens, cached, completion_tokens)
 
     # -- score ---------------------------------------------------------------------------------------
     def score(
@@ -257,7 +252,7 @@ class ServerEngine:
         a server runs every layer (layers_run = num_layers = 1)."""
         if not prompts:
             return []
-        prompts = [_check_prompt(p) for p in prompts]
+        prompts = [check_prompt(p) for p in prompts]
         keys = [self.label_key(lab) for lab in labels]
         if len(set(keys)) != len(keys):
             raise ProblemDefinitionError(
@@ -270,7 +265,7 @@ class ServerEngine:
         self._calls += 1
         for st in distinct(charge):
             st.score_calls += 1
-        return self._map(
+        return self.pool.map(
             lambda job: self._score_one(job[0], list(labels), keys, job[1]), list(zip(prompts, charge))
         )
 
@@ -285,8 +280,8 @@ class ServerEngine:
         }
         data = self._post_completion(body)
         choice = (data.get("choices") or [{}])[0]
-        top = _top_logprobs(choice.get("logprobs"))
-        _, cached = self._count(data, 1, stats)
+        top = completions.top_logprobs(choice.get("logprobs"))
+        _, _, cached = self._count(data, 1, stats)
         raw, floored = label_probs(top, labels, keys, self.label_floor)
         with self._lock:
             stats.label_floor_hits += floored
@@ -298,58 +293,14 @@ class ServerEngine:
         """The text of the label's first token, as the server names tokens in top_logprobs: the label
         itself when it is one token (or the server cannot tokenize), else the longest prefix of the
         label that tokenizes to the label's first token alone."""
-        if label in self._label_keys:
-            return self._label_keys[label]
-        if not isinstance(label, str) or not label:
-            raise ProblemDefinitionError(f"label {label!r} is empty; use a non-empty word such as ' yes'")
-        key = label
-        try:
-            ids = self.tokenize(label)
-        except NoTokenizeEndpoint as err:
-            log.warning("%s; label %r is taken to be one token", err, label)
-            ids = []
-        if len(ids) > 1:
-            key = next(
-                (label[:i] for i in range(len(label) - 1, 0, -1) if self.tokenize(label[:i]) == ids[:1]),
-                label,
-            )
-        self._label_keys[label] = key
-        return key
+        return self.tokens.label_key(label)
 
     # -- tokens --------------------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
         """Token ids of text as the server's model reads it (no BOS), from the server's tokenize
         endpoint (vLLM and llama.cpp: /tokenize, SGLang: /v1/tokenize, llama-cpp-python:
-        /extras/tokenize). A server without one raises ServerError."""
-        if not isinstance(text, str):
-            raise ProblemDefinitionError(f"a prompt must be a str, got {type(text).__name__}: {text!r:.80}")
-        hit = self._token_cache.get(text)
-        if hit is not None:
-            return list(hit)
-        if self._special_prefix is None:
-            self._special_prefix = self._tokenize_raw("")  # e.g. [BOS] where the endpoint always adds it
-        ids = self._tokenize_raw(text)
-        k = len(self._special_prefix)
-        if k and ids[:k] == self._special_prefix:
-            ids = ids[k:]
-        if len(self._token_cache) < 100_000:
-            self._token_cache[text] = list(ids)
-        return ids
-
-    def _tokenize_raw(self, text: str) -> list[int]:
-        paths = [e for e in TOKENIZE_ENDPOINTS if self._tokenize_path in (None, e[0])]
-        for path, make_body in paths:
-            status, data = self.client.post(path, make_body(self.model, text), allow=(404, 405))
-            if status < 400 and isinstance(data, dict) and isinstance(data.get("tokens"), list):
-                self._tokenize_path = path
-                return [int(t if not isinstance(t, dict) else t["id"]) for t in data["tokens"]]
-        raise NoTokenizeEndpoint(
-            f"{self.client.root} has no tokenize endpoint (tried "
-            f"{', '.join(p for p, _ in TOKENIZE_ENDPOINTS)}); tokenize is needed for max_context "
-            "checks and multi-token labels: use a server that has one (vLLM, llama.cpp) or leave "
-            "max_context unset",
-            url=self.client.root,
-        )
+        /extras/tokenize). A server without one raises ServerError (NoTokenizeEndpoint)."""
+        return self.tokens.tokenize(text)
 
     def token_offsets(self, generation: Generation) -> list[tuple[int, int]]:
         """Character range in generation.text of each generated token (from the server's answer)."""
@@ -383,22 +334,6 @@ class ServerEngine:
         pass
 
     # -- plumbing ------------------------------------------------------------------------------------
-    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-        """fn over items, concurrently (order kept); the first failure is raised."""
-        if len(items) == 1 or self.max_concurrency == 1:
-            return [fn(x) for x in items]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                max_workers=self.max_concurrency, thread_name_prefix="treesearch-server"
-            )
-        futures = [self._pool.submit(fn, x) for x in items]
-        try:
-            return [f.result() for f in futures]
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
-
     def _post_completion(self, body: dict) -> dict:
         _, data = self.client.post("/v1/completions", body)
         if not isinstance(data, dict):
@@ -409,138 +344,24 @@ class ServerEngine:
             )
         return data
 
-    def _count(self, data: dict, choices: int, s: Stats) -> tuple[int, int]:
-        """Add one answer's usage to the counters; returns (prompt tokens, cached prompt tokens)."""
-        usage = data.get("usage") or {}
-        prompt = int(usage.get("prompt_tokens") or 0)
-        completion = int(usage.get("completion_tokens") or 0)
-        cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
-        cached = min(cached, prompt)
+    def _count(self, data: dict, choices: int, s: Stats) -> tuple[int, int, int]:
+        """Add one answer's usage to the counters; returns (prompt, completion, cached prompt) tokens."""
+        prompt, completion, cached = completions.usage_counts(data)
         with self._lock:
             s.model_calls += 1
             s.prefill_tokens += prompt - cached
             s.reused_tokens += cached
             s.decode_tokens += max(0, completion - choices)
             s.generated_tokens += completion
-        return prompt, cached
+        return prompt, completion, cached
 
     def _extra(self) -> dict:
-        """Fields added to every completion request: neutral sampling for llama.cpp, then extra_body."""
+        """Fields added to every completion request (`server_models.request_defaults`)."""
         if self._sampling_extra is None:
-            owners = {str(m.get("owned_by", "")) for m in self._list_models()}
-            neutral = LLAMA_CPP_NEUTRAL if owners & set(LLAMA_CPP_OWNERS) else {}
-            self._sampling_extra = {**neutral, **self.extra_body}
+            self._sampling_extra = request_defaults(self._list_models(), self.extra_body)
         return self._sampling_extra
 
     def _list_models(self) -> list[dict]:
         if self._models is None:
-            # any HTTP answer is accepted: a server without a usable /v1/models still completes
-            status, data = self.client.get("/v1/models", allow=tuple(range(400, 600)))
-            models = data.get("data") if status < 400 and isinstance(data, dict) else None
-            self._models = [m for m in models or [] if isinstance(m, dict)]
+            self._models = list_models(self.client)
         return self._models
-
-    def _first_model(self) -> str:
-        models = self._list_models()
-        if not models or not models[0].get("id"):
-            raise ServerError(
-                f"{self.client.root}/v1/models lists no model; name the model "
-                "(ServerEngine(base_url, model), --server-model)",
-                url=self.client.root,
-            )
-        return str(models[0]["id"])
-
-
-# -- answers -> results ------------------------------------------------------------------------------
-def label_probs(
-    top: dict[str, float], labels: Sequence[str], keys: Sequence[str], floor: float
-) -> tuple[dict[str, float], int]:
-    """(label -> probability of its first token, labels given the floor): exp(logprob) of the label's
-    key in the top-k; a key not in the top-k gets min(floor, smallest top-k probability)."""
-    listed = [math.exp(v) for v in top.values() if v is not None and math.isfinite(v)]
-    low = min([floor] + listed)
-    raw, floored = {}, 0
-    for lab, key in zip(labels, keys):
-        v = top.get(key)
-        if v is None or not math.isfinite(v):
-            raw[lab], floored = low, floored + 1
-        else:
-            raw[lab] = math.exp(v)
-    if sum(raw.values()) <= 0:  # every label underflowed: no information, a uniform distribution
-        raw = {lab: floor for lab in labels}
-    return raw, floored
-
-
-def _top_logprobs(logprobs: Any) -> dict[str, float]:
-    """The first position's top-k {token text: logprob} of a completions logprobs object."""
-    if not isinstance(logprobs, dict):
-        return {}
-    tops = logprobs.get("top_logprobs") or []
-    first = tops[0] if tops else None
-    if not isinstance(first, dict):
-        return {}
-    return {str(k): float(v) for k, v in first.items() if isinstance(v, (int, float))}
-
-
-def _generation(choice: dict, sampling: Sampling, prompt_tokens: int, cached: int) -> Generation:
-    text = str(choice.get("text") or "")
-    raw = choice.get("logprobs")
-    lp = raw if isinstance(raw, dict) else {}
-    tokens = [str(t) for t in lp.get("tokens") or []]
-    logprobs = [float(v) if v is not None else 0.0 for v in lp.get("token_logprobs") or []][: len(tokens)]
-    offsets = token_char_offsets(text, tokens, lp.get("text_offset"))
-    return Generation(
-        text=text,
-        token_ids=[],
-        logprobs=logprobs,
-        finish=_finish(choice, sampling),
-        prompt_tokens=prompt_tokens,
-        reused_tokens=cached,
-        offsets=offsets,
-    )
-
-
-def _finish(choice: dict, sampling: Sampling) -> str:
-    """The local engine's finish names: "length", "stop" (a stop string) or "eos"."""
-    reason = choice.get("finish_reason")
-    if reason == "length":
-        return "length"
-    stop_reason = choice.get("stop_reason")  # vLLM: the stop string matched, or an EOS token id / None
-    return "stop" if isinstance(stop_reason, str) and stop_reason in sampling.stop else "eos"
-
-
-def token_char_offsets(
-    text: str, tokens: Sequence[str], text_offset: Sequence[int] | None
-) -> list[tuple[int, int]]:
-    """Character range [start, end) in text of each generated token, clipped to the text (tokens of a
-    stop string that the server cut off get empty ranges at the end).
-
-    From the server's text_offset where it gives one per token (some count from the prompt's start,
-    some from the completion's: both work, since offsets are taken relative to the first token's),
-    else from the running length of the token strings."""
-    n = len(tokens)
-    if (
-        text_offset is not None
-        and len(text_offset) == n
-        and n
-        and all(isinstance(o, int) for o in text_offset)
-    ):
-        starts = [o - text_offset[0] for o in text_offset]
-    else:
-        starts, pos = [], 0
-        for t in tokens:
-            starts.append(pos)
-            pos += len(t)
-    ends = starts[1:] + [starts[-1] + len(tokens[-1])] if n else []
-    size = len(text)
-    out = []
-    for s, e in zip(starts, ends):
-        s = min(max(s, 0), size)
-        out.append((s, min(max(e, s), size)))
-    return out
-
-
-def _check_prompt(prompt: Any) -> str:
-    if not isinstance(prompt, str):
-        raise ProblemDefinitionError(f"a prompt must be a str, got {type(prompt).__name__}: {prompt!r:.80}")
-    return prompt
