@@ -62,6 +62,8 @@ def test_make_models_installs_the_named_model_and_make_test_the_qwen_05b(tmp_pat
     test = dry("test")
     assert f"{py} -m treesearch models install qwen2.5-coder-0.5b\n" in test
     assert test.index("models install qwen2.5-coder-0.5b") < test.index(f"{py} -m pytest -q")
+
+
 def make_n(*args: str) -> str:
     out = subprocess.run(
         ["make", "-n", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=60, check=True
