@@ -191,7 +191,8 @@ class ThoughtTree:
 
     # -- display ---------------------------------------------------------------------------------
     def text_view(self, max_nodes: int = 60, width: int = 90) -> str:
-        """A compact indented view: id, status, score, thought."""
+        """A compact indented view: id, status, score, thought; then the legend (the marks, and the
+        problem's `score_legend` when the search recorded it in `meta`)."""
         lines: list[str] = []
         marks = {"frontier": " ", "expanded": "+", "pruned": "x", "solution": "*"}
 
@@ -211,6 +212,8 @@ class ThoughtTree:
         if len(self.graph) > len(lines):
             lines.append(f"... {len(self.graph) - len(lines)} more nodes")
         lines.append("legend: [+] expanded  [x] pruned  [*] solution  [ ] frontier")
+        if self.meta.get("score_legend"):  # what the score column is, as the problem defines it
+            lines.append(str(self.meta["score_legend"]))
         return "\n".join(lines)
 
     def __repr__(self) -> str:
