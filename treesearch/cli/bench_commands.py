@@ -1,5 +1,5 @@
-"""The bench commands with their own parsers: `treesearch bench calibrate-asks` and `treesearch bench
-claims`."""
+"""The bench commands with their own parsers: `treesearch bench calibrate-asks`, `treesearch bench
+claims` and `treesearch bench threads`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ def build_subparser(name: str) -> argparse.ArgumentParser:
         from treesearch.calibrate.asks_fit import build_parser
     elif name == "claims":
         from treesearch.cli.claims import build_parser
+    elif name == "threads":
+        from treesearch.bench.threads import build_parser
     else:
-        raise ValueError(f"unknown bench command {name!r}; use calibrate-asks or claims")
+        raise ValueError(f"unknown bench command {name!r}; use calibrate-asks, claims or threads")
     return build_parser()
 
 
@@ -23,6 +25,8 @@ def run_subcommand(name: str, argv: list[str]) -> int:
         from treesearch.calibrate.asks_fit import main
     elif name == "claims":
         from treesearch.cli.claims import main
+    elif name == "threads":
+        from treesearch.bench.threads import main
     else:
-        raise ValueError(f"unknown bench command {name!r}; use calibrate-asks or claims")
+        raise ValueError(f"unknown bench command {name!r}; use calibrate-asks, claims or threads")
     return main(argv)
