@@ -131,7 +131,8 @@ def cmd_batch(args, lm) -> None:
     bpt = lm.kv_bytes_per_token
     engines, rows = {}, {}
     for bsz in args.batch:  # memory: one call per batch size over a freshly cached prefix
-        eng = Engine(lm, RKSCConfig(kv_sharing="exact"))
+        # max_batch=bsz: all B rows in one forward (the engine's default of 32 would split B=64 in two)
+        eng = Engine(lm, RKSCConfig(kv_sharing="exact"), max_batch=max(bsz, 1))
         pids = eng.tokenize(prefix)
         eng.score([prefix], [" yes", " no"])  # cache the prefix first
         prompts = [prefix + f" Branch {b}: the answer is" for b in range(bsz)]
@@ -378,7 +379,7 @@ def step_engines(lm, prefix: str, batches: list[int], steps: int, path: str) -> 
 
     engines = {}
     for bsz in batches:
-        eng = Engine(lm, RKSCConfig(kv_sharing="exact"))
+        eng = Engine(lm, RKSCConfig(kv_sharing="exact"), max_batch=max(bsz, 1))  # B rows in one forward
         if path == "layers":
             eng.forward.decoder = None
         eng.score([prefix], [" yes", " no"])
@@ -389,8 +390,15 @@ def step_engines(lm, prefix: str, batches: list[int], steps: int, path: str) -> 
 
 
 def timed_steps(eng, prompts: list[str], steps: int) -> list[float]:
-    """Seconds of each decode step of one generate call in which every row is still running."""
+    """Seconds of each decode step of one generate call in which every row is still running (the
+    engine must run all the prompts in one batch: its max_batch at least their number)."""
     from treesearch.common.config import Sampling
+
+    if eng.max_batch < len(prompts):
+        raise ValueError(
+            f"{len(prompts)} prompts but the engine's max_batch is {eng.max_batch}: the rows would run in "
+            f"several batches and no step would hold them all; make the Engine with max_batch={len(prompts)}"
+        )
 
     times: list[float] = []
     step = eng.forward.step

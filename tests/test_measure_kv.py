@@ -60,3 +60,13 @@ def test_compile_mode_compares_inductor_with_the_eager_step_on_equal_outputs():
     for r in rows:
         assert r["eager_ms"] > 0 and r["inputs_ms"] > 0 and r["frozen_ms"] > 0
         assert r["inputs_max_diff"] <= 1e-4 and r["frozen_max_diff"] <= 1e-4
+
+
+def test_batch_mode_times_every_step_of_a_batch_larger_than_the_engines_default_max_batch():
+    # B = 40 is over the Engine's default max_batch (32): its rows used to run as 32 + 8, no step
+    # held all 40, and the median of no timings raised StatisticsError
+    rows = run("batch", "--batch", "2", "40", "--prefix", "20", "--steps", "3", "--repeats", "2")
+    assert [r["B"] for r in rows] == [2, 40]
+    for r in rows:
+        assert r["decode_steps_timed"] == 3 * 2  # every decode step of both rounds, all rows running
+        assert r["decode_ms_per_step"] > 0

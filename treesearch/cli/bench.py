@@ -13,6 +13,7 @@ branch and tree workloads generate fixed lengths (EOS and stop strings ignored),
     treesearch bench paraphrase --range 0:8 --threads 1        # nokv, exact, asks, asks-open (ASKS's workload)
     treesearch bench calibrate-asks --threads 1                # fit ASKS's gate, check it held out, ship it
     treesearch bench claims --threads 1 --json claims.json     # the paper's claims, one table
+    treesearch bench threads                                   # OpenMP wait policies, quiet and busy
 """  # noqa: E501  (command lines, kept whole to copy)
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "workload",
         choices=["game24", "branch", "tree", "paraphrase"],
-        help="also: 'treesearch bench calibrate-asks --help', 'treesearch bench claims --help'",
+        help="also: 'treesearch bench calibrate-asks --help', 'treesearch bench claims --help', "
+        "'treesearch bench threads --help'",
     )
     add_task_flag(p, BRANCH_TASKS, None, "branch: dataset (default gsm8k); tree: gsm8k only")
     p.add_argument(

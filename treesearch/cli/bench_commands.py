@@ -1,5 +1,5 @@
 """`treesearch bench`'s arguments checked before the model loads, and the bench commands with their own
-parsers: `treesearch bench calibrate-asks` and `treesearch bench claims`."""
+parsers: `treesearch bench calibrate-asks`, `treesearch bench claims` and `treesearch bench threads`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 from treesearch.common.errors import UsageError
 
-SUBCOMMANDS = ("calibrate-asks", "claims")  # bench commands with their own parsers
+SUBCOMMANDS = ("calibrate-asks", "claims", "threads")  # bench commands with their own parsers
 
 
 def build_subparser(name: str) -> argparse.ArgumentParser:
@@ -16,8 +16,10 @@ def build_subparser(name: str) -> argparse.ArgumentParser:
         from treesearch.cli.calibrate_asks import build_parser
     elif name == "claims":
         from treesearch.cli.claims import build_parser
+    elif name == "threads":
+        from treesearch.cli.bench_threads import build_parser
     else:
-        raise ValueError(f"unknown bench command {name!r}; use calibrate-asks or claims")
+        raise ValueError(f"unknown bench command {name!r}; use calibrate-asks, claims or threads")
     return build_parser()
 
 
@@ -27,8 +29,10 @@ def run_subcommand(name: str, argv: list[str]) -> int:
         from treesearch.cli.calibrate_asks import main
     elif name == "claims":
         from treesearch.cli.claims import main
+    elif name == "threads":
+        from treesearch.cli.bench_threads import main
     else:
-        raise ValueError(f"unknown bench command {name!r}; use calibrate-asks or claims")
+        raise ValueError(f"unknown bench command {name!r}; use calibrate-asks, claims or threads")
     return main(argv)
 
 

@@ -25,6 +25,7 @@ from treesearch.cli.model_loading import load_model_or_fail, torch_threads
 from treesearch.cli.models import cmd_models
 from treesearch.cli.parser import ArgumentParser
 from treesearch.common.errors import TreeSearchError
+from treesearch.common.threads import passive_openmp_wait
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_search_flags(solve)
     add_json_flag(solve, "answer, stats and tree")
+    solve.add_argument(
+        "--stats", action="store_true", help="print every work counter (the JSON always has them)"
+    )
     from treesearch.cli.run import add_run_parser
 
     add_run_parser(sub)
@@ -83,7 +87,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
     print("\n".join(answer_lines(result)))
     if result.stop_reason is not None:  # why the search ended early, in one line
         print(result.stop_reason)
-    print("stats: " + ", ".join(f"{k}={_fmt(v)}" for k, v in result.stats.items()))
+    print(stats_line(result.stats))
+    if args.stats:
+        print("all stats: " + ", ".join(f"{k}={_fmt(v)}" for k, v in result.stats.items()))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result.to_json(plan.problem), indent=1, default=repr))
         print(f"wrote {args.json_path}")
@@ -99,7 +105,35 @@ def answer_lines(result: Any) -> list[str]:
     where = _where(result.tree, result.answer_node)
     if result.solved:
         return [f"answer: {result.answer} (node {where})", "solved: yes"]
-    return [f"no solution found; best attempt: {result.answer} (node {where})", "solved: no"]
+    why = [f"not a solution: {result.rejection}"] if getattr(result, "rejection", None) else []
+    return [f"no solution found; best attempt: {result.answer} (node {where})", *why, "solved: no"]
+
+
+def stats_line(stats: dict) -> str:
+    """The work of a search in one line: tokens run through the model against prompt tokens whose
+    K/V was reused, model calls, wall time and the most K/V held (`--stats` prints every counter)."""
+    parts = []
+    if "prefill_tokens" in stats and "decode_tokens" in stats:
+        computed = f"{stats['prefill_tokens'] + stats['decode_tokens']} tokens computed"
+        if "reused_tokens" in stats:
+            computed += f", {stats['reused_tokens']} reused from the K/V cache"
+        parts.append(computed)
+    if "model_calls" in stats:
+        parts.append(f"{stats['model_calls']} model calls")
+    if "wall_s" in stats:
+        parts.append(f"{stats['wall_s']:.1f} s")
+    if stats.get("peak_kv_bytes"):
+        parts.append(f"peak K/V {_bytes(stats['peak_kv_bytes'])}")
+    return "stats: " + ("; ".join(parts) or "none recorded") + " (--stats for all counters)"
+
+
+def _bytes(n: float) -> str:
+    """Bytes in B, KiB, MiB or GiB, three significant digits."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if n >= 100 or unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
 
 
 def _where(tree: Any, n: int) -> str:
@@ -177,6 +211,7 @@ def _one_line_warnings(show: Callable[..., None]) -> Callable[..., None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    passive_openmp_wait()  # before torch loads: waiting threads sleep instead of spinning
     argv = list(sys.argv[1:] if argv is None else argv)
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warnings(warnings.showwarning)

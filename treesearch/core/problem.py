@@ -14,7 +14,10 @@ Contract (each method is called by the `Searcher`, never by strategies directly)
   `value_prompt(state) -> str` with `labels` {label text: weight}; the LM value is the expected
   weight under the labels' probabilities after the prompt (each its whole token sequence's,
   renormalised over the labels; `treesearch.engine.labels`).
-- `is_terminal(state)`, `is_solved(state)`, `answer(state)`.
+- `is_terminal(state)`, `is_solved(state)`, `answer(state)`; optional `rejection_reason(state)`:
+  why a state's answer is not a solution, in one line (`SearchResult.rejection`; default None).
+- `score_legend()`: what a node's score means, for the tree views' legends (default: from
+  `value_range` and `labels`).
 - `value_range`: (low, high) that every value must fall in; NaN or out-of-range values raise.
 """
 
@@ -83,6 +86,22 @@ class Problem:
 
     def answer(self, state: Any) -> str | None:
         return None
+
+    def rejection_reason(self, state: Any) -> str | None:
+        """Why the answer this state states is not a solution, one line for the user (Game of 24:
+        "uses 12 and 9, which the puzzle does not have"); None when it is one, or when the problem
+        gives no reason (the default)."""
+        return None
+
+    def score_legend(self) -> str:
+        """What a node's score is, one line for the tree views' legends. The default reads
+        `value_range` and `labels`; override it to say more (what the value estimates)."""
+        lo, hi = self.value_range
+        span = f" in [{lo:g}, {hi:g}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+        if self.labels and type(self).value_prompt is not Problem.value_prompt:
+            weights = ", ".join(f"{k.strip() or repr(k)}={w:g}" for k, w in self.labels.items())
+            return f"score: value estimate{span}, the expected weight of the model's label ({weights})"
+        return f"score: {type(self).__name__}.value(state){span}"
 
     def state_key(self, state: Any) -> str:
         """A string identifying the state (siblings with equal keys are merged)."""
@@ -225,6 +244,19 @@ def check_children(problem: Problem, children: Any) -> list[Child]:
                 "must be a finite number >= 0 or None"
             )
     return out
+
+
+def check_text(problem: Problem, method: str, text: Any, *, none: bool = False) -> str | None:
+    """A one-line text a Problem method returned for the user (a legend, a rejection reason); None
+    only where the method may return it."""
+    if text is None and none:
+        return None
+    if not isinstance(text, str):
+        allowed = "a str or None" if none else "a str"
+        raise ProblemDefinitionError(
+            f"{type(problem).__name__}.{method}() returned {type(text).__name__}; it must return {allowed}"
+        )
+    return " ".join(text.split())
 
 
 def check_value(problem: Problem, value: Any, state: Any) -> float:

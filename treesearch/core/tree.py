@@ -192,7 +192,8 @@ class ThoughtTree:
     # -- display ---------------------------------------------------------------------------------
     def text_view(self, max_nodes: int = 60, width: int = 90, *, stop: bool = True) -> str:
         """A compact indented view: id, status, score, thought; first, with `stop`, the line saying
-        why the search stopped early, when it did (tree.meta["stop_reason"])."""
+        why the search stopped early, when it did (tree.meta["stop_reason"]); then the legend (the
+        marks, and the problem's `score_legend` when the search recorded it in `meta`)."""
         lines: list[str] = []
         marks = {"frontier": " ", "expanded": "+", "pruned": "x", "solution": "*"}
 
@@ -212,6 +213,8 @@ class ThoughtTree:
         if len(self.graph) > len(lines):
             lines.append(f"... {len(self.graph) - len(lines)} more nodes")
         lines.append("legend: [+] expanded  [x] pruned  [*] solution  [ ] frontier")
+        if self.meta.get("score_legend"):  # what the score column is, as the problem defines it
+            lines.append(str(self.meta["score_legend"]))
         return "\n".join(self._stop_lines(stop) + lines)
 
     def _stop_lines(self, stop: bool) -> list[str]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from treesearch.common.errors import SaveFileError
-from treesearch.core.problem import Problem
+from treesearch.core.problem import Problem, check_text
 from treesearch.core.tree import ThoughtTree
 from treesearch.search.stop import StopReason
 
@@ -34,10 +34,26 @@ class SearchResult:
     error: str | None = None  # repr of the exception that interrupted the search
     problem: Problem | None = field(default=None, repr=False, compare=False)  # converts states on save
     answer_node: int | None = None  # the node `answer` was read from (see Searcher.result); None: no answer
+    # why `answer` is not a solution (the problem's `rejection_reason`, asked when not given); None:
+    # solved, no answer, or no reason known
+    rejection: str | None = None
     worker: str | None = (
         None  # the Ray worker that ran the search (`treesearch.run_distributed`); None: this process
     )
     stop_reason: StopReason | None = None  # why it ended early (treesearch.search.stop); None: ran to its end
+
+    def __post_init__(self) -> None:
+        """With the problem: ask it why an unsolved answer is not a solution (`rejection`) and what a
+        score means (the tree's meta "score_legend", which the tree views print)."""
+        p = self.problem
+        if p is None:
+            return
+        if "score_legend" not in self.tree.meta:
+            self.tree.meta["score_legend"] = check_text(p, "score_legend", p.score_legend())
+        node = self.answer_node
+        if self.rejection is None and node is not None and not self.solved and node in self.tree:
+            why = p.rejection_reason(self.tree.node(node)["state"])
+            self.rejection = check_text(p, "rejection_reason", why, none=True)
 
     def to_json(self, problem: Problem | None = None) -> dict:
         problem = problem or self.problem
@@ -47,6 +63,7 @@ class SearchResult:
             "solved": self.solved,
             "best": self.best,
             "answer_node": self.answer_node,
+            "rejection": self.rejection,
             "status": self.status,
             "error": self.error,
             "stop_reason": self.stop_reason.to_json() if self.stop_reason is not None else None,
@@ -78,6 +95,9 @@ class SearchResult:
             raise SaveFileError(
                 f"{path}: answer node {answer_node!r:.20} is not in the saved tree; nothing was loaded"
             )
+        rejection = r.get("rejection")  # files from before the field have none
+        if rejection is not None and not isinstance(rejection, str):
+            raise SaveFileError(f"{path}: field 'rejection' is {rejection!r:.40}; nothing was loaded")
         return cls(
             tree=tree,
             best=r["best"],
@@ -90,4 +110,5 @@ class SearchResult:
             problem=problem,
             answer_node=answer_node,
             stop_reason=StopReason.from_json(r.get("stop_reason")),  # files from before it: None
+            rejection=rejection,
         )

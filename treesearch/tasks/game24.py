@@ -10,7 +10,8 @@
   the original protocol's 3 sampled judgements (`value_mode="sampled"`). A final answer is valued
   by the exact checker: 20 if correct, 0.001 if not.
 - The answer checker parses numbers, + - * / and parentheses (`treesearch.tasks.arith`) and
-  accepts only expressions that use exactly the four input numbers, each once, and equal 24.
+  accepts only expressions that use exactly the four input numbers, each once, and equal 24;
+  `answer_rejection` says which check an answer failed.
 The test set is rows 900-999 of 24.csv (MIT; see data/24.SOURCE.md).
 """
 
@@ -115,14 +116,45 @@ def check_answer(expression: str, puzzle: tuple[int, ...] | str) -> bool:
     """True iff the expression uses exactly the puzzle's numbers, each once, and equals 24.
 
     Accepts "expr" or "expr = 24"; never evaluates anything but +, -, *, / over numbers."""
+    return answer_rejection(expression, puzzle) is None
+
+
+def answer_rejection(expression: str, puzzle: tuple[int, ...] | str) -> str | None:
+    """Why the expression does not solve the puzzle, in one line; None when it does. The checks,
+    first failing one reported: it parses, it uses no number the puzzle lacks, none more often than
+    the puzzle has it, every puzzle number, and it equals 24."""
     if isinstance(puzzle, str):
         puzzle = parse_puzzle(puzzle)
     lhs = expression.split("=")[0]
     try:
         ev = evaluate(lhs)
-    except ParseError:
-        return False
-    return ev.value == 24 and Counter(ev.numbers) == Counter(Fraction(n) for n in puzzle)
+    except ParseError as exc:
+        return f"cannot evaluate {lhs.strip()!r:.80} ({exc})"
+    have, used = Counter(Fraction(n) for n in puzzle), Counter(ev.numbers)
+    foreign = [x for x in used if x not in have]
+    if foreign:
+        return f"uses {_and(foreign)}, which the puzzle does not have"
+    repeated = [x for x in used if used[x] > have[x]]
+    if repeated:
+        return "; ".join(
+            f"uses {fmt(x)} {_times(used[x])}, the puzzle has it {_times(have[x])}" for x in repeated
+        )
+    missing = list((have - used).elements())
+    if missing:
+        return f"does not use {_and(missing)} (each puzzle number is used once)"
+    if ev.value != 24:
+        return f"equals {fmt(ev.value)}, not 24"
+    return None
+
+
+def _and(xs: list[Fraction]) -> str:
+    """Numbers in order of first use, as "12", "12 and 9", "1, 2 and 3"."""
+    words = [fmt(x) for x in xs]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _times(k: int) -> str:
+    return {1: "once", 2: "twice"}.get(k, f"{k} times")
 
 
 def apply_move(numbers: tuple[Fraction, ...], line: str) -> tuple[str, tuple[Fraction, ...]] | None:
@@ -251,6 +283,17 @@ class Game24(Problem):
 
     def answer(self, state: Game24State) -> str | None:
         return None if state.answer is None else f"{state.answer} = 24"
+
+    def rejection_reason(self, state: Game24State) -> str | None:
+        """Why the state's answer is not a solution (`answer_rejection`), e.g. "uses 12 and 9, which
+        the puzzle does not have"."""
+        return None if state.answer is None else answer_rejection(state.answer, state.puzzle)
+
+    def score_legend(self) -> str:
+        return (
+            "score: value in [0, 20], the model's judgement of the numbers left (sure=20, likely=1, "
+            "impossible=0.001); an answer: 20 if right, 0.001 if wrong"
+        )
 
     def state_key(self, state: Game24State) -> str:
         return f"{state.numbers_text()}|{state.answer}"

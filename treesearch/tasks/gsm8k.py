@@ -143,6 +143,15 @@ class GSM8K(Problem):
     def answer(self, state: GSM8KState) -> str | None:
         return state.answer
 
+    def rejection_reason(self, state: GSM8KState) -> str | None:
+        """Why the state's answer is not a solution: no reference answer to check it against, or
+        a different number."""
+        if state.answer is None or state.answer == state.gold:
+            return None
+        if state.gold is None:
+            return 'no reference answer to check it against (give {"question": ..., "answer": ...})'
+        return f"the answer is {state.answer}, the reference answer is {state.gold}"
+
     def state_key(self, state: GSM8KState) -> str:
         return "\n".join(state.steps)
 

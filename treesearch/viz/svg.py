@@ -212,7 +212,8 @@ def _fold_svg(n: int, hidden: list[int], marks: dict[int, NodeMarks], xy: tuple[
 
 
 def legend_svg(tree: Any) -> str:
-    """A one-line legend: the score colour range and every mark the tree view uses."""
+    """The legend: the score colour range and every mark the tree view uses, then (when the search
+    recorded it in the tree's meta) what a score means, as the problem's `score_legend` says."""
     scale = score_scale(tree.graph)
     uid = f"ts{next(_serial)}"
     stops = "".join(
@@ -258,9 +259,14 @@ def legend_svg(tree: Any) -> str:
     )
     text("ASKS")
     text("+k folded")
+    width, height = x, 20
+    meaning = tree.meta.get("score_legend")
+    if meaning:  # what a score is, as the problem defines it: a second line
+        items.append(f'<text class="score-legend" x="0" y="32" fill="#111111">{escape(str(meaning))}</text>')
+        width, height = max(x, 6.2 * len(str(meaning))), 38
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="treesearch-legend" width="{x:.0f}" height="20" '
-        'font-family="Helvetica, Arial, sans-serif" font-size="11"><defs><linearGradient '
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="treesearch-legend" width="{width:.0f}" '
+        f'height="{height}" font-family="Helvetica, Arial, sans-serif" font-size="11"><defs><linearGradient '
         f'id="{uid}-g">{stops}'
         f"</linearGradient></defs>{''.join(items)}</svg>"
     )

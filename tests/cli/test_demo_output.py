@@ -1,0 +1,125 @@
+"""What `treesearch solve` prints after the tree, run as a user runs it (a subprocess, tiny model):
+one short stats line by default, every counter with --stats (the JSON has them always); and torch's
+OpenMP threads wait passively (OMP_WAIT_POLICY=PASSIVE in the environment before torch loads, via the
+CLI and via load_model) unless the user set the variable."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# records OMP_WAIT_POLICY at the moment torch is first imported, then runs the given code
+SPY = """
+import importlib.abc, json, os, sys
+seen = []
+class Spy(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and not seen:
+            seen.append(os.environ.get("OMP_WAIT_POLICY", "<unset>"))
+        return None
+sys.meta_path.insert(0, Spy())
+try:
+    {code}
+finally:
+    print("policy when torch loaded:", json.dumps(seen), file=sys.stderr)
+"""
+SOLVE = [
+    "solve",
+    "game24",
+    "4 5 6 10",
+    "--model",
+    "tiny",
+    "--no-progress",
+    "--threads",
+    "1",
+    "--breadth",
+    "1",
+]
+STATS = re.compile(
+    r"stats: (\d+) tokens computed, (\d+) reused from the K/V cache; (\d+) model calls; (\d+\.\d) s; "
+    r"peak K/V (\d+(?:\.\d+)?) (B|KiB|MiB|GiB) \(--stats for all counters\)"
+)
+
+
+def spy(code: str, env_policy: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if env_policy is not None:
+        env["OMP_WAIT_POLICY"] = env_policy
+    return subprocess.run(
+        [sys.executable, "-c", SPY.format(code=code)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def policy_seen(proc: subprocess.CompletedProcess) -> list[str]:
+    line = [ln for ln in proc.stderr.splitlines() if ln.startswith("policy when torch loaded:")][-1]
+    return json.loads(line.partition(":")[2])
+
+
+def solve(tmp_path: Path, *extra: str, env_policy: str | None = None) -> tuple[list[str], dict, list[str]]:
+    argv = [*SOLVE, "--json", str(tmp_path / "r.json"), *extra]
+    proc = spy(f"from treesearch.cli.main import main; rc = main({argv!r}); assert rc == 0, rc", env_policy)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.splitlines(), json.loads((tmp_path / "r.json").read_text()), policy_seen(proc)
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    return solve(tmp_path_factory.mktemp("default"))
+
+
+def test_the_default_stats_line_is_one_short_line_of_the_runs_own_counters(default_run):
+    out, saved, _ = default_run
+    lines = [ln for ln in out if ln.startswith("stats:")]
+    assert len(lines) == 1 and not any(ln.startswith("all stats:") for ln in out)
+    m = STATS.fullmatch(lines[0])
+    assert m is not None, lines[0]
+    st = saved["stats"]
+    assert int(m[1]) == st["prefill_tokens"] + st["decode_tokens"] and int(m[2]) == st["reused_tokens"]
+    assert int(m[3]) == st["model_calls"] and m[4] == f"{st['wall_s']:.1f}"
+    assert len(st) == 23  # the JSON keeps every counter
+
+
+def test_stats_flag_prints_every_counter_as_the_json_has_it(tmp_path):
+    out, saved, _ = solve(tmp_path, "--stats")
+    (line,) = [ln for ln in out if ln.startswith("all stats: ")]
+    shown = dict(kv.split("=") for kv in line.removeprefix("all stats: ").split(", "))
+    assert list(shown) == list(saved["stats"])
+    assert shown == {k: f"{v:.3f}" if isinstance(v, float) else str(v) for k, v in saved["stats"].items()}
+    assert sum(ln.startswith("stats: ") for ln in out) == 1
+
+
+def test_the_cli_sets_a_passive_wait_policy_before_torch_loads(default_run):
+    assert default_run[2] == ["PASSIVE"]
+
+
+def test_a_wait_policy_the_user_set_is_kept(tmp_path):
+    assert solve(tmp_path, env_policy="ACTIVE")[2] == ["ACTIVE"]
+
+
+def test_load_model_sets_the_passive_policy_when_torch_is_not_loaded_yet():
+    proc = spy("from treesearch.models.load import load_model; load_model('tiny')")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert policy_seen(proc) == ["PASSIVE"]
+    kept = spy("from treesearch.models.load import load_model; load_model('tiny')", env_policy="active")
+    assert policy_seen(kept) == ["active"]
+
+
+def test_nothing_is_set_once_torch_is_loaded():
+    import torch  # noqa: F401  (loaded: a policy set now would have no effect)
+
+    from treesearch.common.threads import passive_openmp_wait
+
+    env: dict[str, str] = {}
+    assert passive_openmp_wait(env) is False and env == {}
