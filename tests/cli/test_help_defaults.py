@@ -32,7 +32,9 @@ def flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     return [
         a
         for a in parser._actions
-        if a.option_strings and not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+        if a.option_strings
+        and a.help != argparse.SUPPRESS  # hidden: not in --help
+        and not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
     ]
 
 

@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from treesearch.cli.flags import add_json_flag
 from treesearch.cli.parser import ArgumentParser
 from treesearch.common.errors import UsageError
 
@@ -56,9 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="torch",
         help="the competitor: another torch decode with the default policy (default), or busy loops",
     )
-    p.add_argument(
-        "--json", dest="json_path", default=None, metavar="PATH", help="also write the rows as JSON"
-    )
+    add_json_flag(p, "the rows")
     p.add_argument("--child", choices=["measure", "compete"], default=None, help=argparse.SUPPRESS)
     return p
 
