@@ -9,7 +9,6 @@ from same_results import STRATEGIES, assert_same, signature
 
 from strategies import BFS
 from treesearch import RKSCConfig, Searcher
-from treesearch.engine.local import Engine
 
 INPUTS = ["cats", "dogs", "birds", "fish", "cows"]
 
@@ -52,26 +51,21 @@ class Templated(Words):
         )
 
 
-def test_concurrent_searches_share_engine_calls_and_the_template_is_computed_once(tiny_lm, monkeypatch):
+def test_concurrent_searches_share_decode_steps_and_the_template_is_computed_once(tiny_lm):
     problem = Templated(width=2, depth=2, max_new_tokens=4)
-    calls = []
-    generate = Engine.generate
-
-    def spy(self, prompts, *a, **kw):
-        calls.append(len(prompts))
-        return generate(self, prompts, *a, **kw)
-
-    monkeypatch.setattr(Engine, "generate", spy)
     searcher = Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False)
     many = list(searcher.solve_many(INPUTS[:4], concurrency=4))
-    per_search = sum(r.stats["generate_calls"] for r in many)
-    assert len(calls) < per_search  # merged: fewer engine calls than the searches made
-    assert max(calls) >= 4  # the root expansions of the four searches ran in one call
-    calls.clear()
-    ref = [
-        Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False).solve(x) for x in INPUTS[:4]
-    ]
-    assert len(calls) == per_search
+    sched = searcher.engine.scheduler
+    steps_many = sched.decode_steps
+    assert sched.decode_rows > steps_many  # rows of several searches decoded in one step
+    alone_steps = 0
+    ref = []
+    for x in INPUTS[:4]:
+        s = Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False)
+        ref.append(s.solve(x))
+        alone_steps += s.engine.scheduler.decode_steps
+    assert steps_many < alone_steps  # the searches' rows shared steps
+    assert [r.stats["decode_tokens"] for r in many] == [r.stats["decode_tokens"] for r in ref]
     # the shared part of the prompts is computed once for all four searches, not once per search
     assert sum(r.stats["prefill_tokens"] for r in many) < sum(r.stats["prefill_tokens"] for r in ref)
 
