@@ -22,12 +22,12 @@ LAYERS: dict[str, int] = {
     "policies": 1,  # ASKS, CGEE, RSBCM as pure rules
     "cache": 2,  # KV store, cache manager, shared-prefix attention
     "models": 3,  # loading models; LanguageModel installs the attention
-    "backends": 3,  # the Backend protocol, the call merger, the server engine
+    "backends": 3,  # the Backend protocol, the server engine
     "core": 3,  # Problem, ThoughtTree, SearchOps
-    "engine": 4,  # the local engine: forward, decode step, labels, tokens
+    "engine": 4,  # the local engine: scheduler, forward, decode step, labels, tokens
     "tasks": 4,  # built-in problems
     "strategies": 4,  # BFS, Beam, MCTS, DFS
-    "search": 5,  # Searcher, solve_many, verifier, results
+    "search": 5,  # Searcher, solve_many and its sessions, verifier, results
     "runs": 6,  # results file, Ray driver and worker
     "bench": 7,  # treesearch bench's workloads, modes, report
     "calibrate": 8,  # fitting CGEE and ASKS
@@ -170,10 +170,9 @@ TOO_BIG_FILES = {
     "treesearch/backends/server.py": 546,
     "treesearch/cache/kvstore.py": 467,
     "treesearch/calibrate/cgee_fit.py": 466,
-    "treesearch/engine/local.py": 489,
     "treesearch/search/searcher.py": 499,
 }
-TOO_BIG_CLASSES = {"ServerEngine": 365, "KVStore": 363, "CacheManager": 377, "Engine": 436, "Searcher": 433}
+TOO_BIG_CLASSES = {"ServerEngine": 365, "KVStore": 363, "Searcher": 433}
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))

@@ -168,7 +168,9 @@ def test_concurrency_below_one_is_refused(tiny_lm):
 
 
 @pytest.mark.real_model
-def test_game24_puzzles_at_concurrency_4_equal_their_solves_alone_on_the_default_model(real_lm):
+def test_game24_puzzles_at_concurrency_4_equal_their_solves_alone_with_and_without_a_tight_budget(real_lm):
+    """The default model, 4 puzzles at once: unbounded, then at a quarter of that run's peak K/V
+    (omega order), each search equals its solve alone."""
     from treesearch.tasks import Game24
 
     puzzles = ["4 5 6 10", "1 2 4 7", "3 3 8 8", "2 5 7 9"]
@@ -181,3 +183,9 @@ def test_game24_puzzles_at_concurrency_4_equal_their_solves_alone_on_the_default
         )
     )
     assert_same(ref, many)
+    budget = max(r.stats["peak_kv_bytes"] for r in many) // 4
+    searcher = Searcher(real_lm, Game24(), BFS(breadth=5), RKSCConfig(cache_budget=budget), progress=False)
+    tight = list(searcher.solve_many(puzzles, concurrency=4))
+    assert_same(ref, tight)
+    assert searcher.engine.store.peak_bytes <= budget
+    assert sum(r.stats["recomputed_tokens"] for r in tight) > 0

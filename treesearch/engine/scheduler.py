@@ -291,9 +291,12 @@ class Scheduler:
         eng = self.engine
         fed = len(g.gens) - 1
         if eng.config.shares and fed > 0 and g.handle is not None:
-            ids = g.row.ids
-            kv = g.own_kv(len(ids))[:, :, :, :fed]
-            g.handle = eng.cache.store_kv(ids + g.gens[:fed], len(ids), kv, free_only=True, charge=g.stats)
+            ctx = g.row.ids + g.gens[:fed]
+            assert g.plan is not None
+            start = max(len(g.row.ids), g.plan.matched)  # a resumed row may have found fed tokens cached
+            if start < len(ctx):
+                kv = g.own_kv(start)[:, :, :, : len(ctx) - start]
+                g.handle = eng.cache.store_kv(ctx, start, kv, free_only=True, charge=g.stats)
         self._free(g)
         g.call.deliver(g.index, generation(eng, g))
         self.maybe_done(g.call)
