@@ -279,6 +279,8 @@ class CacheManager:
         store = self.store
         chain, m = store.lookup(ids)
         self.pin(chain)
+        if m < start:  # the tokens before start are not in the store (forgotten since): tokens only
+            return store.insert(chain, ids[m:], None)
         keep = None  # cache every new token
         if store.budget is not None:
             missing = [(s, u) for s, u in chain if u > s.resident_len]
@@ -314,6 +316,7 @@ class CacheManager:
             self.pin(chain)
         else:
             chain, m = found
+        assert m >= start, f"insert: the store knows {m} tokens of the context, kv starts at {start}"
         self.ensure_resident(chain, known=(start, kv), charge=charge)
         if m == len(ids):
             return chain[-1]
