@@ -33,6 +33,7 @@ import torch
 from treesearch.cache.attention import BatchKV
 from treesearch.cache.manager import Row
 from treesearch.common.errors import CacheBudgetError, SearchCancelled
+from treesearch.engine.decoder import decoder_for
 from treesearch.engine.forward import sample
 from treesearch.engine.memory import RowMemory
 from treesearch.engine.running import Call, Cohort, GenRow, ScoreRow, generation
@@ -214,6 +215,9 @@ class Scheduler:
         if not rows:
             return
         lm = eng.lm
+        fwd = eng.forward
+        if fwd.decoder is not None and fwd.decoder.stale(lm.model):  # a weight changed in place
+            fwd.decoder = decoder_for(lm.model)
         batch = BatchKV(lm.num_layers, len(rows), lm.num_kv_heads, lm.head_dim, 1, lm.dtype, lm.device)
         batch.set_prefixes([cache.prefix(g.plan.chain) + g.own_runs() for g in rows])  # type: ignore[union-attr]
         try:
