@@ -317,14 +317,15 @@ def test_game24_search_at_its_least_budget_is_the_unbounded_search(real_lm):
 
     _, full = run(None)
     least = full.stats["least_budget_bytes"]
-    assert least == 26219520 and full.stats["peak_kv_bytes"] == 65295360
+    assert least == 26219520 and full.stats["peak_kv_bytes"] == 62346240
     s, tight = run(least)
     assert _signature(tight.tree) == _signature(full.tree)
     for n in full.tree.graph:
         a, b = full.tree.node(n)["score"], tight.tree.node(n)["score"]
         assert (a is None and b is None) or abs(a - b) <= 1e-4
     st = tight.stats
-    assert (st["recomputed_tokens"], st["prefill_tokens"], st["evicted_blocks"]) == (39, 705, 24)
+    # measured under the scheduler (the barrier merger recomputed 39 of 705, 24 blocks evicted)
+    assert (st["recomputed_tokens"], st["prefill_tokens"], st["evicted_blocks"]) == (240, 906, 22)
     assert st["least_budget_bytes"] == least
     assert s.engine.store.peak_bytes <= s.engine.store.budget
     s.engine.store.check_invariants()

@@ -9,7 +9,6 @@ from same_results import STRATEGIES, assert_same, signature
 
 from strategies import BFS
 from treesearch import RKSCConfig, Searcher
-from treesearch.engine.local import Engine
 
 INPUTS = ["cats", "dogs", "birds", "fish", "cows"]
 
@@ -52,26 +51,21 @@ class Templated(Words):
         )
 
 
-def test_concurrent_searches_share_engine_calls_and_the_template_is_computed_once(tiny_lm, monkeypatch):
+def test_concurrent_searches_share_decode_steps_and_the_template_is_computed_once(tiny_lm):
     problem = Templated(width=2, depth=2, max_new_tokens=4)
-    calls = []
-    generate = Engine.generate
-
-    def spy(self, prompts, *a, **kw):
-        calls.append(len(prompts))
-        return generate(self, prompts, *a, **kw)
-
-    monkeypatch.setattr(Engine, "generate", spy)
     searcher = Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False)
     many = list(searcher.solve_many(INPUTS[:4], concurrency=4))
-    per_search = sum(r.stats["generate_calls"] for r in many)
-    assert len(calls) < per_search  # merged: fewer engine calls than the searches made
-    assert max(calls) >= 4  # the root expansions of the four searches ran in one call
-    calls.clear()
-    ref = [
-        Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False).solve(x) for x in INPUTS[:4]
-    ]
-    assert len(calls) == per_search
+    sched = searcher.engine.scheduler
+    steps_many = sched.decode_steps
+    assert sched.decode_rows > steps_many  # rows of several searches decoded in one step
+    alone_steps = 0
+    ref = []
+    for x in INPUTS[:4]:
+        s = Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False)
+        ref.append(s.solve(x))
+        alone_steps += s.engine.scheduler.decode_steps
+    assert steps_many < alone_steps  # the searches' rows shared steps
+    assert [r.stats["decode_tokens"] for r in many] == [r.stats["decode_tokens"] for r in ref]
     # the shared part of the prompts is computed once for all four searches, not once per search
     assert sum(r.stats["prefill_tokens"] for r in many) < sum(r.stats["prefill_tokens"] for r in ref)
 
@@ -174,7 +168,9 @@ def test_concurrency_below_one_is_refused(tiny_lm):
 
 
 @pytest.mark.real_model
-def test_game24_puzzles_at_concurrency_4_equal_their_solves_alone_on_the_default_model(real_lm):
+def test_game24_puzzles_at_concurrency_4_equal_their_solves_alone_with_and_without_a_tight_budget(real_lm):
+    """The default model, 4 puzzles at once: unbounded, then at a quarter of that run's peak K/V
+    (omega order), each search equals its solve alone."""
     from treesearch.tasks import Game24
 
     puzzles = ["4 5 6 10", "1 2 4 7", "3 3 8 8", "2 5 7 9"]
@@ -187,3 +183,9 @@ def test_game24_puzzles_at_concurrency_4_equal_their_solves_alone_on_the_default
         )
     )
     assert_same(ref, many)
+    budget = max(r.stats["peak_kv_bytes"] for r in many) // 4
+    searcher = Searcher(real_lm, Game24(), BFS(breadth=5), RKSCConfig(cache_budget=budget), progress=False)
+    tight = list(searcher.solve_many(puzzles, concurrency=4))
+    assert_same(ref, tight)
+    assert searcher.engine.store.peak_bytes <= budget
+    assert sum(r.stats["recomputed_tokens"] for r in tight) > 0

@@ -39,9 +39,13 @@ class BatchKV:
         dtype: torch.dtype,
         device: Any,
     ) -> None:
-        # shape [L, B, Hkv, cap, d]
-        self.k = torch.zeros(num_layers, batch, kv_heads, capacity, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        # one tensor [L, 2, B, Hkv, cap, d]; k and v are its halves [L, B, Hkv, cap, d], so a row's
+        # buffer is a prefix run in place (`row_run`)
+        self.kv: torch.Tensor | None = torch.zeros(
+            num_layers, 2, batch, kv_heads, capacity, head_dim, dtype=dtype, device=device
+        )
+        self.k = self.kv[:, 0]
+        self.v = self.kv[:, 1]
         self.valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
         self.groups: list[tuple[Any, int, torch.Tensor | None]] = []
         self._write = 0
@@ -112,6 +116,7 @@ class BatchKV:
     def select(self, keep: list[int]) -> None:
         """Keep only these rows (in this order): used when rows finish generating."""
         idx = torch.tensor(keep, dtype=torch.long, device=self.k.device)
+        self.kv = None  # k and v are copies from here on
         self.k = self.k.index_select(1, idx)
         self.v = self.v.index_select(1, idx)
         self.valid = self.valid.index_select(0, idx)
@@ -132,6 +137,12 @@ class BatchKV:
                 )
                 groups.append((kv, used, t))
         self.groups = groups
+
+    def row_run(self, row: int) -> torch.Tensor:
+        """Row's whole buffer as a prefix run [L, 2, Hkv, cap, d], in place (no copy): a row that
+        goes on decoding in another batch attends over it (`treesearch.engine.scheduler`)."""
+        assert self.kv is not None, "row_run after select: the buffer was copied"
+        return self.kv[:, :, row]
 
     def row_kv(self, row: int, start: int, end: int) -> torch.Tensor:
         """A row's buffer K/V at positions [start, end) as [L, 2, Hkv, end-start, d] (a copy)."""

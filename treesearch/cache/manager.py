@@ -33,10 +33,11 @@ from typing import Any
 
 from treesearch.cache.attention import Prefix
 from treesearch.cache.kvstore import Chain, KVStore, Segment
+from treesearch.cache.shared_runs import share_runs
 from treesearch.common.config import RKSCConfig
 from treesearch.common.errors import CacheBudgetError
 from treesearch.common.stats import Stats, distinct
-from treesearch.policies.rsbcm import Priority, RSBCMPolicy
+from treesearch.policies.rsbcm import UNSCORED, LRUPolicy, Priority, RSBCMPolicy
 
 Handle = tuple[Segment, int]  # a context end in the KV store: (segment, used tokens)
 Compute = Callable[[list[Chain], list[list[int]], list[int], list[Stats]], list[Any]]  # -> K/V per row
@@ -87,9 +88,8 @@ class CacheManager:
         self.compute = compute
         self.share_min_tokens = share_min_tokens
         self.policy = RSBCMPolicy()
-        self.store = KVStore(
-            bytes_per_token, config.block_size, budget=config.cache_budget, policy=self.policy
-        )
+        order = self.policy if config.eviction == "omega" else LRUPolicy()
+        self.store = KVStore(bytes_per_token, config.block_size, budget=config.cache_budget, policy=order)
         self._call_pins: list[Chain] = []  # chains pinned for the running engine call
         self._prompt_pins: set = set()  # owners whose prompts are pinned (pin_owner)
         self._prompt_hits: dict[int, set] = {}  # segment id -> searches whose prompt contexts ran through it
@@ -99,6 +99,10 @@ class CacheManager:
     def set_priority(self, fn: Priority | None) -> None:
         """Install owner -> omega (see `treesearch.policies.rsbcm`)."""
         self.policy.priority = fn
+
+    def owner_omega(self, owner: Hashable) -> float:
+        """The owner's omega (UNSCORED for None or an owner not scored yet)."""
+        return UNSCORED if owner is None else self.policy.owner_omega(owner)
 
     def acquire(self, owner: Hashable, handle: Handle | None) -> None:
         """`owner` holds the K/V of the context ending at `handle` (no-op for None)."""
@@ -254,115 +258,9 @@ class CacheManager:
                 f"raise --cache-budget to at least {need}, or run fewer searches at once"
             )
 
-    def plan(self, rows: list[Row], extra: int, max_batch: int) -> list[list[int]]:
-        """Split the rows (in order) into batches of at most max_batch whose K/V fits the budget
-        together with every row whose prompt must stay cached (`need_bytes`); without a budget,
-        batches of max_batch."""
-        must = [r for r in rows if r.must_store]
-        budget = self.store.budget
-        for r in rows:  # a row whose cached context and buffer cannot fit together runs bare
-            if budget is not None and self.need_bytes([r], extra, must) > budget >= self.need_bytes(
-                [bare_copy(r)], extra, must
-            ):
-                r.bare, r.chain, r.matched = True, [], 0
-        out: list[list[int]] = []
-        cur: list[int] = []
-        for i, r in enumerate(rows):
-            if cur and (
-                len(cur) == max_batch
-                or (
-                    self.store.budget is not None
-                    and self.need_bytes([rows[j] for j in cur] + [r], extra, must) > self.store.budget
-                )
-            ):
-                out.append(cur)
-                cur = []
-            cur.append(i)
-        if cur:
-            out.append(cur)
-        return out
-
-    def run_batches(
-        self, rows: list[Row], extra: int, max_batch: int, run: Callable[[list[int]], list]
-    ) -> list:
-        """run(indexes) over the batches `plan` makes, results in row order; a batch that finds
-        too little room when it starts (CacheBudgetError) is split in two and waits, a single row
-        that still cannot fit runs bare (without its cached context). Each batch's pins end with it."""
-        queue = self.plan(rows, extra, max_batch)
-        out: list = [None] * len(rows)
-        while queue:
-            idx = queue.pop(0)
-            try:
-                results = run(idx)
-            except CacheBudgetError:
-                if len(idx) > 1:
-                    queue[:0] = [idx[: len(idx) // 2], idx[len(idx) // 2 :]]
-                elif rows[idx[0]].bare or not self.config.shares:
-                    raise
-                else:
-                    rows[idx[0]].bare = True
-                    queue.insert(0, idx)
-                continue
-            finally:
-                self.end_call(rows[idx[0]].stats)
-            for i, res in zip(idx, results):
-                if rows[i].asks_sigma is not None:  # ASKS: the gate's value, and whom it attached to
-                    res.asks_sigma = rows[i].asks_sigma
-                    ref = rows[i].asks_ref
-                    res.asks_ref = None if ref is None else idx[ref]
-                out[i] = res
-        return out
-
     def share_runs(self, rows: list[Row]) -> None:
         """Compute once the new-token runs that several rows share, then look the rows up again."""
-        while True:
-            groups: dict[tuple, list[Row]] = {}
-            for r in rows:
-                if r.matched < len(r.ids) - 1:
-                    end = (r.chain[-1][0].id, r.chain[-1][1]) if r.chain else (0, 0)
-                    groups.setdefault((end, r.ids[r.matched]), []).append(r)
-            runs: list[
-                tuple[Chain, list[int], int, list[int], Stats]
-            ] = []  # counted in the first row's stats
-            firsts: list[tuple[Row, int]] = []
-            for members in groups.values():
-                if len(members) < 2:
-                    continue
-                first = members[0]
-                n = min(len(m.ids) - 1 - m.matched for m in members)
-                lcp = 0
-                while lcp < n and all(
-                    m.ids[m.matched + lcp] == first.ids[first.matched + lcp] for m in members
-                ):
-                    lcp += 1
-                if lcp >= self.share_min_tokens:
-                    runs.append(
-                        (
-                            first.chain,
-                            first.ids[first.matched : first.matched + lcp],
-                            first.matched,
-                            first.ids[: first.matched + lcp],
-                            first.stats or self.stats,
-                        )
-                    )
-                    firsts.append((first, lcp))
-            if not runs:
-                return
-            for run in runs:
-                self.pin(run[0])
-            need = sum(_ceil(len(run[1]), self.store.block_size) for run in runs) * self.store.block_bytes
-            if not self.store.can_hold(need):  # no room for the shared runs: each row computes its own
-                return
-            for run in runs:
-                self.ensure_resident(run[0], charge=run[4])
-            kvs = self.compute(
-                [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs], [r[4] for r in runs]
-            )
-            for kv, (_, _, start, ids, charge) in zip(kvs, runs):
-                self.insert(ids, start, kv, charge=charge)
-            self.lookup(rows)
-            for first, lcp in firsts:  # the row that computed a shared run did not reuse it
-                first.prepass += lcp
+        share_runs(self, rows)
 
     # -- storing and residency --------------------------------------------------------------------------
     def store_kv(
@@ -381,6 +279,8 @@ class CacheManager:
         store = self.store
         chain, m = store.lookup(ids)
         self.pin(chain)
+        if m < start:  # the tokens before start are not in the store (forgotten since): tokens only
+            return store.insert(chain, ids[m:], None)
         keep = None  # cache every new token
         if store.budget is not None:
             missing = [(s, u) for s, u in chain if u > s.resident_len]
@@ -416,6 +316,7 @@ class CacheManager:
             self.pin(chain)
         else:
             chain, m = found
+        assert m >= start, f"insert: the store knows {m} tokens of the context, kv starts at {start}"
         self.ensure_resident(chain, known=(start, kv), charge=charge)
         if m == len(ids):
             return chain[-1]

@@ -172,6 +172,7 @@ def search_config(args: argparse.Namespace) -> RKSCConfig:
         return RKSCConfig(
             kv_sharing=args.kv,
             cache_budget=args.cache_budget,
+            eviction=getattr(args, "eviction", "omega"),
             cgee=args.cgee == "on",
             cgee_measure=args.cgee_measure,
         )

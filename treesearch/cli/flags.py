@@ -94,6 +94,12 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="KV cache budget in bytes (default unbounded)",
     )
+    p.add_argument(
+        "--eviction",
+        default="omega",
+        choices=["omega", "lru"],
+        help="under a budget: evict and preempt lowest omega first (RSBCM, default) or least recently used",
+    )
     p.add_argument("--cgee", default="off", choices=["on", "off"], help="CGEE early exit for verification")
     p.add_argument(
         "--cgee-measure", action="store_true", help="run every verification both ways and count disagreements"

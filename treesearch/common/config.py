@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from treesearch.common.errors import ConfigError
 
 KV_MODES = ("off", "exact", "asks")
+EVICTIONS = ("omega", "lru")
 
 
 @dataclass
@@ -18,6 +19,9 @@ class RKSCConfig:
         "asks" adds hidden-state-gated sharing between branches that differ in words, not meaning.
     block_size: tokens per KV block (the unit of memory accounting and eviction).
     cache_budget: bytes of KV the store may hold (None = unbounded); RSBCM evicts to stay under it.
+    eviction: the order unread cached blocks are evicted in, and running rows preempted in, under a
+        budget: "omega" (RSBCM: lowest score/(depth+1) first, ties least recently used) or "lru"
+        (least recently used, the order vLLM and SGLang use; the latest admitted row is preempted).
     cgee: early exit for verification (skip when generation is decisive; stop at a settled layer).
     fast_decode: decode steps through `treesearch.engine.decoder` (packed weights, fused attention) where
         the model qualifies (a float32 Llama or Qwen2 on the CPU); False: through the transformers layers.
@@ -27,6 +31,7 @@ class RKSCConfig:
     kv_sharing: str = "exact"
     block_size: int = 16
     cache_budget: int | None = None
+    eviction: str = "omega"
     # ASKS gate: sigma = sum_l w_l cos(h_l, h_l_ref) / sum_l w_l, w_l = exp(alpha * l / L).
     # Calibrated on Game of 24 value prompts (examples/calibrate_asks.py, 20 puzzles of rows
     # 800-819, SmolLM2-135M): at tau 0.995 the attached rows kept the exact best label 100% of the time.
@@ -47,6 +52,8 @@ class RKSCConfig:
             raise ConfigError(f"kv_sharing={self.kv_sharing!r}; use one of {', '.join(KV_MODES)}")
         if self.block_size < 1:
             raise ConfigError(f"block_size={self.block_size}; use a positive number of tokens such as 16")
+        if self.eviction not in EVICTIONS:
+            raise ConfigError(f"eviction={self.eviction!r}; use one of {', '.join(EVICTIONS)}")
         if self.cache_budget is not None and self.cache_budget <= 0:
             raise ConfigError(f"cache_budget={self.cache_budget}; use a positive number of bytes or None")
 

@@ -72,3 +72,7 @@ class DistributedError(TreeSearchError):
     """A run over Ray workers could not start or go on: Ray is not installed, the cluster cannot be
     reached, a worker cannot start, a Problem cannot be sent, or every worker died; the message
     names the fix."""
+
+
+class SearchCancelled(TreeSearchError):
+    """The run that this search belonged to stopped (Ctrl-C, or its caller stopped reading results)."""

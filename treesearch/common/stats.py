@@ -19,6 +19,7 @@ class Stats:
     recomputed_tokens: prefill of tokens whose K/V had been computed before but was not cached
     when needed (evicted, or never kept under the budget); part of prefill_tokens.
     evicted_blocks: blocks of K/V dropped to stay under cache_budget.
+    preemptions: running rows freed and requeued to make room (recomputed when readmitted).
     peak_kv_bytes: the most K/V held at once: the cache's blocks plus the running batches' own
     buffers (within cache_budget); peak_store_bytes: the cache's blocks alone. With several
     searches on one engine, both are the engine's peaks while the search ran.
@@ -46,6 +47,7 @@ class Stats:
     asks_extra_reused: int = 0
     evicted_blocks: int = 0
     recomputed_tokens: int = 0
+    preemptions: int = 0
     label_floor_hits: int = 0
     peak_kv_bytes: int = 0
     peak_store_bytes: int = 0

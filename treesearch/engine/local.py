@@ -22,7 +22,6 @@ per prompt): each row's work is counted in its own search's Stats.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,20 +34,17 @@ from treesearch.common.config import RKSCConfig, Sampling
 from treesearch.common.errors import ContextTooLongError, ProblemDefinitionError
 from treesearch.common.seeds import stable_seed
 from treesearch.common.stats import Stats, distinct, per_row
-from treesearch.engine.forward import Forward, cut_at_stop
-from treesearch.engine.labels import first_tokens_differ, label_sequences, label_tails
+from treesearch.engine.forward import Forward
+from treesearch.engine.labels import first_tokens_differ, label_sequences
 from treesearch.engine.ledger import SearchLedger
+from treesearch.engine.running import Call, GenRow, ScoreRow
+from treesearch.engine.scheduler import Scheduler, rule_key, seeded
+from treesearch.engine.scoring import score_batch
 from treesearch.engine.tokens import TokenMemory, label_token_ids
 from treesearch.models.model import LanguageModel
 from treesearch.policies import asks
-from treesearch.policies.cgee import RowExits, token_offsets
+from treesearch.policies.cgee import token_offsets
 from treesearch.policies.rsbcm import Priority
-
-
-def _stats(r: Row) -> Stats:
-    """Where a row's work is counted: the engine's rows (`_rows`) always carry their search's Stats."""
-    assert r.stats is not None
-    return r.stats
 
 
 class Engine:
@@ -78,6 +74,7 @@ class Engine:
         self.name = lm.name
         self.num_layers = lm.num_layers
         self.features = frozenset(FEATURES)
+        self.scheduler = Scheduler(self, max_rows=max_batch)
         self._calls = 0
 
     @property
@@ -157,6 +154,9 @@ class Engine:
         self.cache.pin_owner(owner)
 
     # -- public operations -----------------------------------------------------------------------
+    @property
+    def lock(self) -> Any:  # held while a step runs; hold it to touch the engine from another thread
+        return self.scheduler.lock
 
     @torch.no_grad()
     def generate(
@@ -169,26 +169,27 @@ class Engine:
         stats: Stats | Sequence[Stats] | None = None,
     ) -> list[Generation]:
         """Generate one continuation per prompt (repeat a prompt for several samples). stats: where
-        each prompt's work is counted (one Stats, or one per prompt when several searches share
-        the call; default the engine's)."""
+        each prompt's work is counted (one Stats, or one per prompt; default the engine's). The
+        rows join the scheduler's running batch; this returns when the last of them is done."""
         sampling = sampling or Sampling()
         if not prompts:
             return []
-        charge = per_row(len(prompts), stats, self.stats)
-        self._calls += 1
-        for st in distinct(charge):
-            st.generate_calls += 1
-        if seeds is None:
-            seeds = [stable_seed(sampling.seed, self._calls, i) for i in range(len(prompts))]
-        return self._batched(
-            prompts,
-            owners,
-            charge,
-            sampling.max_new_tokens,
-            lambda rows, o, idx: self._generate_batch(
-                rows, [prompts[i] for i in idx], sampling, [seeds[i] for i in idx], o
-            ),
-        )
+        with self.lock:
+            charge = per_row(len(prompts), stats, self.stats)
+            self._calls += 1
+            for st in distinct(charge):
+                st.generate_calls += 1
+            if seeds is None:
+                seeds = [stable_seed(sampling.seed, self._calls, i) for i in range(len(prompts))]
+            rows = self._rows(prompts, owners, charge, sampling.max_new_tokens)
+            call = Call("generate", len(rows), charge=charge)
+            items = [
+                GenRow(
+                    call, i, prompts[i], r, sampling, seeded(seeds[i]), None if owners is None else owners[i]
+                )
+                for i, r in enumerate(rows)
+            ]
+        return self.scheduler.submit(call, items)
 
     @torch.no_grad()
     def score(
@@ -202,7 +203,8 @@ class Engine:
     ) -> list[Score]:
         """Probabilities of each label right after each prompt: its whole token sequence's
         (`treesearch.engine.labels`), renormalised over the labels; one forward pass, plus one more for
-        the tokens after the first of multi-token labels.
+        the tokens after the first of multi-token labels. Score calls of several searches with the
+        same labels and an equivalent exit rule share a forward.
 
         exit_rule(layer, label_probs [B, n_labels]) -> True stops the pass after that layer (CGEE);
         a pass cut short stores no K/V. A rule that returns a bool tensor [B] decides per row: the
@@ -215,36 +217,17 @@ class Engine:
         seqs = label_sequences(self.lm.tokenizer, labels)
         if not first_tokens_differ(seqs):
             exit_rule = None  # the logit lens cannot tell labels apart by their first token: run in full
-        charge = per_row(len(prompts), stats, self.stats)
-        self._calls += 1
-        for st in distinct(charge):
-            st.score_calls += 1
-        return self._batched(
-            prompts,
-            owners,
-            charge,
-            0,
-            lambda rows, o, idx: self._score_batch(rows, list(labels), seqs, o, exit_rule),
-        )
-
-    def _batched(
-        self,
-        prompts: Sequence[str],
-        owners: Sequence[Any] | None,
-        charge: list[Stats],
-        extra: int,
-        run: Callable,
-    ) -> list:
-        """Tokenize and check every prompt, then run them in batches that fit (`CacheManager.run_batches`)."""
-        rows = self._rows(prompts, owners, charge, extra)
-        return self.cache.run_batches(
-            rows,
-            extra,
-            self.max_batch,
-            lambda idx: run(
-                [rows[i] for i in idx], None if owners is None else [owners[i] for i in idx], idx
-            ),
-        )
+        with self.lock:
+            charge = per_row(len(prompts), stats, self.stats)
+            self._calls += 1
+            for st in distinct(charge):
+                st.score_calls += 1
+            rows = self._rows(prompts, owners, charge, 0)
+            key = (tuple(labels), None if exit_rule is None else rule_key(exit_rule))
+            args = {"labels": list(labels), "seqs": seqs, "exit_rule": exit_rule}
+            call = Call("score", len(rows), charge=charge, key=key, args=args)
+            items = [ScoreRow(call, i, r, None if owners is None else owners[i]) for i, r in enumerate(rows)]
+        return self.scheduler.submit(call, items)
 
     # -- phases ----------------------------------------------------------------------------------
     def _rows(
@@ -271,21 +254,26 @@ class Engine:
         self.cache.check_budget(rows, extra)
         return rows
 
-    def _prepare(self, rows: list[Row]) -> None:
-        """Plan one batch: cached prefixes, shared runs, ASKS, and the residency of its chains."""
+    def plan_rows(self, rows: list[Row]) -> None:
+        """Plan rows admitted together: cached prefixes, shared runs (computed once), ASKS."""
         if not self.config.shares:
             return
         self.cache.prepare(rows)
         if self.config.kv_sharing == "asks":
             held: list[int] = []
             try:
-                self.asks.attach(rows, self.cache, lambda *a, **kw: self._prefill(*a, held=held, **kw))
+                self.asks.attach(rows, self.cache, lambda *a, **kw: self.prefill_rows(*a, held=held, **kw))
             finally:
                 for n in held:
                     self.cache.unreserve(n)
-        self.cache.hold(rows)  # the running batch's chains stay pinned until the call ends
 
-    def _prefill(
+    def prepare(self, rows: list[Row]) -> None:
+        """`plan_rows`, then pin the chains for the step and make them resident (a score batch)."""
+        if self.config.shares:
+            self.plan_rows(rows)
+            self.cache.hold(rows)
+
+    def prefill_rows(
         self,
         chains: list[Chain],
         news: list[list[int]],
@@ -316,13 +304,13 @@ class Engine:
         """The cache manager's way to compute K/V (shared runs, recomputation): each row's new K/V."""
         held: list[int] = []
         try:
-            batch, _ = self._prefill(chains, news, starts, charge, held=held)
+            batch, _ = self.prefill_rows(chains, news, starts, charge, held=held)
             return [batch.row_kv(b, 0, len(t)) for b, t in enumerate(news)]
         finally:
             for n in held:
                 self.cache.unreserve(n)
 
-    def _store_prompts(
+    def store_prompts(
         self,
         rows: list[Row],
         batch,
@@ -349,141 +337,13 @@ class Engine:
                 self.cache.count_prompt(end, r.search)
         return ends
 
-    def _generate_batch(
-        self,
-        rows: list[Row],
-        prompts: list[str],
-        sampling: Sampling,
-        seeds: list[int],
-        owners: list[Any] | None,
-    ) -> list[Generation]:
-        self._prepare(rows)
-        news = [r.ids[r.matched :] for r in rows]
-        lens = [len(t) for t in news]
-        nmax = max(lens)
-        charge = [_stats(r) for r in rows]
-        held: list[int] = []
-        try:
-            batch, logits = self._prefill(
-                [r.chain for r in rows],
-                news,
-                [r.matched for r in rows],
-                charge,
-                held=held,
-                extra=sampling.max_new_tokens,
-                want_logits=True,
-            )
-            for r in rows:
-                _stats(r).reused_tokens += r.matched - r.prepass
-            ends = self._store_prompts(rows, batch, lens)
-            if self.config.shares:
-                self.cache.pin_prompts(ends, owners)
+    def score_rows(self, rows: list[Row], args: dict, owners: list, exit_rule: Any) -> list[Score]:
+        """One batch of score rows (`treesearch.engine.scoring`)."""
+        return score_batch(self, rows, args["labels"], args["seqs"], owners, exit_rule)
 
-            def keep_generated(j: int, b: int, gen: list[int]) -> None:
-                # the fed-back tokens' K/V (all generated but the last), only into room that displaces
-                # nothing owned
-                fed = len(gen) - 1
-                if self.config.shares and fed > 0 and ends[b] is not None:
-                    ends[b] = self.cache.store_kv(
-                        rows[b].ids + gen[:fed],
-                        len(rows[b].ids),
-                        batch.row_kv(j, nmax, nmax + fed),
-                        free_only=True,
-                        charge=rows[b].stats,
-                    )
-
-            generators = [torch.Generator().manual_seed(s & 0x7FFFFFFFFFFFFFFF) for s in seeds]
-            gens, logps, finish = self.forward.decode(
-                batch,
-                logits,
-                [r.matched + n for r, n in zip(rows, lens)],
-                nmax,
-                sampling,
-                generators,
-                charge,
-                keep_generated,
-            )
-        finally:
-            for n in held:
-                self.cache.unreserve(n)
-        results = []
-        for b, r in enumerate(rows):
-            text = self.lm.tokenizer.decode(gens[b], skip_special_tokens=True)
-            self.remember_generation(prompts[b], r.ids, gens[b])
-            self.searches.saw(_stats(r), r.ids + gens[b][:-1])
-            _stats(r).generated_tokens += len(gens[b])
-            results.append(
-                Generation(
-                    text=cut_at_stop(text, sampling.stop),
-                    token_ids=gens[b],
-                    logprobs=logps[b],
-                    finish=finish[b],
-                    prompt_tokens=len(r.ids),
-                    reused_tokens=r.matched - r.prepass,
-                    handle=ends[b],
-                )
-            )
-        self._finish_batch(results, owners, rows)
-        return results
-
-    def _score_batch(
-        self, rows: list[Row], labels: list[str], seqs: list[list[int]], owners: list[Any] | None, exit_rule
-    ) -> list[Score]:
-        self._prepare(rows)
-        news = [r.ids[r.matched :] for r in rows]
-        held: list[int] = []
-        try:
-            batch, out = self._prefill(
-                [r.chain for r in rows],
-                news,
-                [r.matched for r in rows],
-                [_stats(r) for r in rows],
-                held=held,
-                want_logits=True,
-                exit_rule=exit_rule,
-                exits=RowExits(len(rows)),
-                label_ids=[q[0] for q in seqs],
-            )
-            for r in rows:
-                _stats(r).reused_tokens += r.matched - r.prepass
-            if isinstance(out, RowExits):  # per-row exit: each row has its own depth and batch row
-                per = [(out.probs[b], out.layers[b], out.batch_row[b]) for b in range(len(rows))]
-            else:
-                per = [(out[0][b], out[1], b) for b in range(len(rows))]
-            full = [layers == self.lm.num_layers for _, layers, _ in per]
-            tails = label_tails(self.forward, self.cache, rows, batch, per, full, seqs, held)
-            ends = self._store_prompts(rows, batch, [len(t) for t in news], full, [p[2] for p in per])
-        finally:
-            for n in held:
-                self.cache.unreserve(n)
-        results = []
-        for b, r in enumerate(rows):
-            probs, layers_run, _ = per[b]
-            if full[b]:  # whole sequences: the first token from this pass, the rest from the tails
-                raw = {
-                    lab: float(probs[q[0]]) * math.exp(tails.get((b, k), 0.0))
-                    for k, (lab, q) in enumerate(zip(labels, seqs))
-                }
-            else:
-                raw = {lab: float(probs[k]) for k, lab in enumerate(labels)}
-            tot = sum(raw.values()) or 1.0
-            self.searches.saw(_stats(r), r.ids)
-            results.append(
-                Score(
-                    probs={k: v / tot for k, v in raw.items()},
-                    raw=raw,
-                    layers_run=layers_run,
-                    reused_tokens=r.matched - r.prepass,
-                    handle=ends[b],
-                )
-            )
-        self._finish_batch(results, owners, rows)
-        return results
-
-    def _finish_batch(self, results: list, owners: list[Any] | None, rows: list[Row]) -> None:
-        if owners is not None:
-            self.cache.tag_owners([r.handle for r in results], owners)
-        charge = distinct([_stats(r) for r in rows])
+    def finish_call(self, call: Call) -> None:
+        """A call's last row is done: its searches' distinct-token counts and K/V peaks."""
+        charge = distinct(call.charge)
         for st in charge:
             st.unique_tokens = self.searches.unique(st)
         self.cache.report_peak(charge)

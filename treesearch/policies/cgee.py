@@ -245,7 +245,7 @@ class LayerExit:
 
     def merge_key(self) -> tuple:
         """Rules with equal keys decide every row alike, so the calls of several searches may
-        share one (`treesearch.backends.merger`)."""
+        share one (`treesearch.engine.scheduler`)."""
         return ("LayerExit", self.t)
 
     def fresh(self) -> LayerExit:

@@ -1,10 +1,11 @@
 """`solve_many`: a test set at batch speed -- up to `concurrency` searches at once over one engine
-and one KV store, their model calls merged into shared batches (`treesearch.backends.merger`).
+and one KV store, their rows batched together by the engine's scheduler (`treesearch.engine.scheduler`:
+continuous batching, no barrier over the searches).
 
-The driver (the thread that iterates the results) runs every merged engine call; each search
-runs its strategy in a thread of its own, on a copy of the Searcher whose backend is the search's
-`SearchSession`. Results come back in input order, each as soon as it and every earlier input
-are done. `solve_stream` is the same loop fed from a queue (a Ray worker's, see
+Each search runs its strategy in a thread of its own, on a copy of the Searcher whose backend is
+the search's `SearchSession` (`treesearch.search.session`); the thread that iterates the results
+starts searches and collects them. Results come back in input order, each as soon as it and
+every earlier input are done. `solve_stream` is the same loop fed from a queue (a Ray worker's, see
 `treesearch.runs.worker`): it takes inputs as they arrive and yields results as each finishes.
 A search that raises is reported as a SearchResult with status "failed" and the error, holding
 the part of its tree it had built; the other searches go on. Ctrl-C (or a caller that stops
@@ -22,8 +23,8 @@ import threading
 from collections.abc import Callable, Generator, Hashable, Iterable, Iterator
 from typing import Any
 
-from treesearch.backends.merger import CallMerger, SearchCancelled, SearchSession, session_priority
-from treesearch.common.errors import TreeSearchError
+from treesearch.common.errors import SearchCancelled, TreeSearchError
+from treesearch.search.session import SearchSession, Stop, session_priority
 
 Searcher = Any  # treesearch.search.searcher.Searcher (it imports this module)
 SearchResult = Any  # treesearch.search.result.SearchResult
@@ -77,7 +78,8 @@ def _solve(
 
         raise ConfigError(f"concurrency={concurrency}; run at least 1 search at a time")
     engine = searcher.shared_engine()
-    merger = CallMerger(engine)
+    stop = Stop()
+    ended: queue.Queue[_Run] = queue.Queue()
     sessions: dict[int, SearchSession] = {}
     engine.set_priority(session_priority(sessions))
     live: dict[Hashable, _Run] = {}
@@ -90,29 +92,27 @@ def _solve(
                     more = False
                 elif item is not _NONE_NOW:
                     key, x = item
-                    session = SearchSession(merger)
+                    session = SearchSession(engine, stop)
                     sessions[session.id] = session
-                    live[key] = _Run(searcher, session, x, merger)
+                    live[key] = _Run(key, searcher, session, x, ended)
                     continue
                 break
             if not live:
                 if not more:
                     return
                 continue
-            merger.wait_idle()  # every live search waits on a call or has finished
-            ended = [k for k, run in live.items() if run.result is not None]
-            for k in ended:
-                run = live.pop(k)
-                run.thread.join()
-                run.session.close()
-                del sessions[run.session.id]
-                yield k, run.result
-            if ended:
-                continue  # start the next inputs, and let those reach their first call
-            merger.run_pending()
+            run = ended.get()  # a search has finished
+            live.pop(run.key)
+            run.thread.join()
+            run.session.close()
+            del sessions[run.session.id]
+            assert run.result is not None
+            yield run.key, run.result
     finally:
         if live:
-            merger.cancel(KeyboardInterrupt("the run was stopped"))
+            stop.why = KeyboardInterrupt("the run was stopped")
+            for run in live.values():
+                run.session.cancel(stop.why)
             for run in live.values():
                 run.thread.join()
                 run.session.close()
@@ -120,15 +120,15 @@ def _solve(
 
 
 class _Run:
-    """One input's search, in a thread of its own."""
+    """One input's search, in a thread of its own; it puts itself on `ended` when done."""
 
-    def __init__(self, searcher: Searcher, session: SearchSession, x: Any, merger: CallMerger) -> None:
+    def __init__(self, key: Hashable, searcher: Searcher, session: SearchSession, x: Any, ended: queue.Queue):
+        self.key = key
         self.session = session
         self.result: SearchResult | None = None
         self._child = searcher.for_backend(session)
         self._x = x
-        self._merger = merger
-        merger.started()
+        self._ended = ended
         self.thread = threading.Thread(target=self._main, name=f"treesearch-search-{session.id}", daemon=True)
         self.thread.start()
 
@@ -145,7 +145,7 @@ class _Run:
         except BaseException as exc:  # reported on the search's own result; the others go on
             self.result = _failed(self._child, exc, status="failed")
         finally:
-            self._merger.finished()
+            self._ended.put(self)
 
 
 def _invalid(child: Searcher, x: Any, exc: BaseException) -> SearchResult:

@@ -1,0 +1,139 @@
+"""`treesearch.engine.scheduler`: continuous batching. Rows of different calls share decode steps,
+a finished row leaves at once and a call returns as soon as its rows are done, a tight budget
+preempts (lowest omega first, or the latest admitted under LRU) without changing a token, and
+whatever the arrival order and the budget the store's invariants hold after every step and every
+call returns exactly once with the tokens it has alone."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from treesearch import Engine, RKSCConfig, Sampling
+from treesearch.common.errors import SearchCancelled
+from treesearch.common.stats import Stats
+
+PROMPTS = ["Once upon a time there was", "The quick brown fox jumps over", "In a galaxy far away"]
+OMEGA = {"a": 0.9, "b": 0.1, "c": 0.5}
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_lm):
+    """Each prompt's 40 tokens generated alone, on an unbounded engine."""
+    sampling = Sampling(max_new_tokens=40, ignore_eos=True)
+    return [Engine(tiny_lm, RKSCConfig()).generate([p], sampling)[0].token_ids for p in PROMPTS]
+
+
+@pytest.mark.parametrize(("eviction", "victim"), [("omega", "b"), ("lru", "c")])
+def test_a_tight_budget_preempts_one_row_and_changes_no_token(tiny_lm, alone, eviction, victim):
+    """Room for the three prompts and their first chunks, not for all three to grow: the row of
+    lowest omega ("b", 0.1) is preempted under RSBCM, the latest admitted ("c") under LRU; it is
+    recomputed when readmitted and every row's tokens equal its tokens alone."""
+    n = max(len(Engine(tiny_lm).tokenize(p)) for p in PROMPTS)
+    budget = int(2.5 * (n + 40) * tiny_lm.kv_bytes_per_token)
+    eng = Engine(tiny_lm, RKSCConfig(cache_budget=budget, eviction=eviction))
+    eng.set_priority(OMEGA.get)
+    eng.scheduler.on_step = eng.store.check_invariants
+    stats = [Stats() for _ in PROMPTS]
+    out = eng.generate(PROMPTS, Sampling(max_new_tokens=40, ignore_eos=True), owners=list(OMEGA), stats=stats)
+    assert [g.token_ids for g in out] == alone
+    preempted = {o for o, s in zip(OMEGA, stats) if s.preemptions}
+    assert preempted == {victim}
+    assert stats[list(OMEGA).index(victim)].recomputed_tokens > 0
+    assert all(s.decode_tokens == 39 for s in stats)  # recomputation is prefill, never decode
+    assert eng.store.peak_bytes <= budget and eng.store.reserved == 0
+    eng.store.check_invariants()
+
+
+def test_a_short_call_returns_while_a_long_call_goes_on_in_the_same_steps(tiny_lm):
+    eng = Engine(tiny_lm, RKSCConfig())
+    sched = eng.scheduler
+    returned: dict[str, int] = {}
+    start = threading.Barrier(2)
+
+    def run(name: str, n: int) -> None:
+        start.wait()
+        eng.generate([f"{name} said that"], Sampling(max_new_tokens=n, ignore_eos=True))
+        returned[name] = sched.decode_steps
+
+    threads = [threading.Thread(target=run, args=a) for a in (("short", 3), ("long", 30))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert returned["short"] < returned["long"] <= 30  # no barrier: the short call did not wait
+    assert sched.decode_rows > sched.decode_steps  # and the two rows shared decode steps
+    assert not sched.running and not sched.gen_wait
+
+
+def test_a_cancelled_call_raises_and_its_rows_are_dropped(tiny_lm):
+    eng = Engine(tiny_lm, RKSCConfig())
+    mine = Stats()
+    err: list[BaseException] = []
+    entered = threading.Event()
+
+    def hold_step() -> None:  # the first step lets the canceller in before anything is decoded
+        if not entered.is_set():
+            entered.set()
+            eng.scheduler.cancel({id(mine)}, KeyboardInterrupt("stop"))
+
+    eng.scheduler.on_step = hold_step
+    try:
+        eng.generate(["a cancelled prompt"], Sampling(max_new_tokens=20, ignore_eos=True), stats=mine)
+    except SearchCancelled as exc:
+        err.append(exc)
+    assert len(err) == 1 and "stop" in str(err[0])
+    assert not eng.scheduler.running and not eng.scheduler.gen_wait
+    assert eng.store.reserved == 0
+    eng.store.check_invariants()
+    again = eng.generate(["a cancelled prompt"], Sampling(max_new_tokens=3))  # the engine goes on
+    assert len(again[0].token_ids) == 3
+
+
+@given(
+    order=st.permutations([0, 1, 2, 3]),
+    lengths=st.lists(st.integers(1, 12), min_size=4, max_size=4),
+    fraction=st.sampled_from([None, 1.0, 1.5, 3.0]),
+    eviction=st.sampled_from(["omega", "lru"]),
+    starts=st.lists(st.integers(0, 6), min_size=4, max_size=4),
+)
+@settings(max_examples=12, deadline=None)
+def test_any_arrival_order_and_budget_keep_invariants_lose_nothing_and_return_each_call_once(
+    tiny_lm, order, lengths, fraction, eviction, starts
+):
+    """Four calls (two rows each, own seeds, sampled) join at random steps in a random order."""
+    prompts = [[f"call {i} row {j} says" for j in range(2)] for i in range(4)]
+    sampling = [Sampling(max_new_tokens=n, temperature=0.9, ignore_eos=True) for n in lengths]
+    seeds = [[100 * i + j for j in range(2)] for i in range(4)]
+    ref = [Engine(tiny_lm, RKSCConfig()).generate(prompts[i], sampling[i], seeds=seeds[i]) for i in range(4)]
+    need = max(len(Engine(tiny_lm).tokenize(p)) for ps in prompts for p in ps) + max(lengths)
+    budget = None if fraction is None else int(fraction * need * tiny_lm.kv_bytes_per_token)
+    eng = Engine(tiny_lm, RKSCConfig(cache_budget=budget, eviction=eviction))
+    sched = eng.scheduler
+    sched.on_step = eng.store.check_invariants
+    got: dict[int, list] = {}
+    returns = []
+
+    def run(i: int) -> None:
+        while sched.steps < starts[i] and (sched.running or sched.gen_wait):
+            threading.Event().wait(0.001)  # join once the running batch has made some steps
+        got[i] = eng.generate(prompts[i], sampling[i], seeds=seeds[i])
+        returns.append(i)
+
+    threads = []
+    for i in order:
+        threads.append(threading.Thread(target=run, args=(i,)))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+    assert sorted(returns) == [0, 1, 2, 3]  # every call returned, once
+    for i in range(4):
+        assert [g.token_ids for g in got[i]] == [g.token_ids for g in ref[i]]
+        assert [g.finish for g in got[i]] == ["length", "length"]
+    assert not sched.running and not sched.gen_wait and eng.store.reserved == 0
+    if budget is not None:
+        assert eng.store.peak_bytes <= budget
+    eng.store.check_invariants()

@@ -1,0 +1,78 @@
+"""Continuous batching under a budget: every strategy, a user's own strategy, concurrency 1/3/8,
+budgets tight enough to evict and preempt, omega and LRU order: each search's tree, answer and
+own counters equal `solve(x)` alone, and all K/V stays within the budget."""
+
+from __future__ import annotations
+
+import pytest
+from reliability_problems import Words
+from same_results import STRATEGIES, assert_same
+
+from strategies import BFS
+from treesearch import RKSCConfig, Searcher
+
+INPUTS = ["cats", "dogs", "birds", "fish", "cows"]
+_ALONE: dict = {}
+
+
+def alone(lm, name, problem):
+    if name not in _ALONE:
+        _ALONE[name] = [
+            Searcher(lm, problem, STRATEGIES[name](), RKSCConfig(), progress=False).solve(x) for x in INPUTS
+        ]
+    return _ALONE[name]
+
+
+def _problem(name):
+    return Words(width=2, depth=3, max_new_tokens=6, chain=name in ("bfs", "mcts"))
+
+
+def _peak(lm, name, problem, concurrency):
+    runs = list(
+        Searcher(lm, problem, STRATEGIES[name](), RKSCConfig(), progress=False).solve_many(
+            INPUTS, concurrency=concurrency
+        )
+    )
+    return max(r.stats["peak_kv_bytes"] for r in runs)
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+@pytest.mark.parametrize("eviction", ["omega", "lru"])
+def test_every_strategy_under_a_quarter_budget_equals_its_searches_alone(tiny_lm, name, eviction):
+    problem = _problem(name)
+    ref = alone(tiny_lm, name, problem)
+    budget = _peak(tiny_lm, name, problem, 3) // 4
+    searcher = Searcher(
+        tiny_lm,
+        problem,
+        STRATEGIES[name](),
+        RKSCConfig(cache_budget=budget, eviction=eviction),
+        progress=False,
+    )
+    engine = searcher.shared_engine()  # kept for solve_many (keep_cache)
+    engine.scheduler.on_step = engine.store.check_invariants
+    tight = list(searcher.solve_many(INPUTS, concurrency=3))
+    assert_same(ref, tight)
+    store = searcher.engine.store
+    assert store.peak_bytes <= budget and store.reserved == 0 and not store.owners()
+    assert sum(r.stats["evicted_blocks"] + r.stats["recomputed_tokens"] for r in tight) > 0
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 8])
+def test_any_concurrency_under_a_budget_that_preempts_equals_the_searches_alone(tiny_lm, concurrency):
+    problem = Words(width=3, depth=2, max_new_tokens=12, samples=2, temperature=0.9)
+    ref = [
+        Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False, seed=3).solve(x)
+        for x in INPUTS
+    ]
+    budget = _peak(tiny_lm, "bfs", problem, 8) // 8
+    searcher = Searcher(
+        tiny_lm, problem, BFS(breadth=2), RKSCConfig(cache_budget=budget), progress=False, seed=3
+    )
+    engine = searcher.shared_engine()  # kept for solve_many (keep_cache)
+    engine.scheduler.on_step = engine.store.check_invariants
+    tight = list(searcher.solve_many(INPUTS, concurrency=concurrency))
+    assert_same(ref, tight)
+    assert searcher.engine.store.peak_bytes <= budget
+    if concurrency == 8:
+        assert sum(r.stats["preemptions"] for r in tight) > 0

@@ -1,0 +1,58 @@
+"""Shared runs: new-token runs that several rows of a batch start with (a few-shot template's tail
+that the cache does not hold yet) are computed once, stored, and every row then reuses them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ceil(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+def share_runs(cache: Any, rows: list) -> None:
+    """Compute once the new-token runs that several rows share, then look the rows up again."""
+    while True:
+        groups: dict[tuple, list] = {}
+        for r in rows:
+            if r.matched < len(r.ids) - 1:
+                end = (r.chain[-1][0].id, r.chain[-1][1]) if r.chain else (0, 0)
+                groups.setdefault((end, r.ids[r.matched]), []).append(r)
+        runs: list[tuple[Any, list[int], int, list[int], Any]] = []  # counted in the first row's stats
+        firsts: list[tuple[Any, int]] = []
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            first = members[0]
+            n = min(len(m.ids) - 1 - m.matched for m in members)
+            lcp = 0
+            while lcp < n and all(m.ids[m.matched + lcp] == first.ids[first.matched + lcp] for m in members):
+                lcp += 1
+            if lcp >= cache.share_min_tokens:
+                runs.append(
+                    (
+                        first.chain,
+                        first.ids[first.matched : first.matched + lcp],
+                        first.matched,
+                        first.ids[: first.matched + lcp],
+                        first.stats or cache.stats,
+                    )
+                )
+                firsts.append((first, lcp))
+        if not runs:
+            return
+        for run in runs:
+            cache.pin(run[0])
+        need = sum(_ceil(len(run[1]), cache.store.block_size) for run in runs) * cache.store.block_bytes
+        if not cache.store.can_hold(need):  # no room for the shared runs: each row computes its own
+            return
+        for run in runs:
+            cache.ensure_resident(run[0], charge=run[4])
+        kvs = cache.compute(
+            [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs], [r[4] for r in runs]
+        )
+        for kv, (_, _, start, ids, charge) in zip(kvs, runs):
+            cache.insert(ids, start, kv, charge=charge)
+        cache.lookup(rows)
+        for first, lcp in firsts:  # the row that computed a shared run did not reuse it
+            first.prepass += lcp

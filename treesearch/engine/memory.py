@@ -1,0 +1,98 @@
+"""The K/V a running generate row holds, against the budget: admission (its chain pinned and
+resident, its cohort part and first decode chunk reserved), one more chunk as it generates, the
+preemption order, and giving it all back (`treesearch.engine.scheduler` decides when)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from treesearch.cache.manager import Handle, Row
+from treesearch.common.errors import CacheBudgetError
+from treesearch.engine.running import GenRow
+
+
+class RowMemory:
+    """The budget side of the scheduler's rows, over one engine's cache manager and model."""
+
+    def __init__(self, engine: Any) -> None:
+        self.eng = engine
+        self.cache = engine.cache
+        self.config = engine.config
+        self.lm = engine.lm
+
+    def hold(self, g: GenRow, p: Row, admitted: list[GenRow], reserved: int) -> int | None:
+        """Pin and make resident the row's chain and reserve its K/V; the cohort's bytes, or None."""
+        cache = self.cache
+        bpt = cache.store.bytes_per_token
+        cache.store.pin(p.chain)
+        rows = [*(a.plan for a in admitted), p]
+        total = len(rows) * max(len(r.ids) - r.matched for r in rows if r is not None) * bpt
+        first = self.chunk_tokens(g)
+        store = cache.store
+        need = total - reserved + first * bpt
+        if store.budget is not None and store.pinned_bytes(p.chain) + store.reserved + need > store.budget:
+            cache.store.unpin(p.chain)  # what is pinned and running leaves too little room: wait
+            return None
+        try:
+            cache.ensure_resident(p.chain, charge=g.stats)
+            cache.reserve(need)
+        except CacheBudgetError:
+            cache.store.unpin(p.chain)
+            return None
+        g.plan, g.pinned = p, p.chain
+        g.chunks = [[self.chunk(first), 0]] if first else []
+        g.chunk_bytes = first * bpt
+        return total
+
+    def chunk_tokens(self, g: GenRow) -> int:
+        """Slots of its next decode chunk: a block, or what is left of its fed tokens."""
+        left = g.sampling.max_new_tokens - max(1, len(g.gens))  # fed tokens still to come
+        return max(0, min(self.cache.store.block_size, left))
+
+    def chunk(self, n: int) -> torch.Tensor:
+        lm = self.lm
+        return torch.zeros(
+            lm.num_layers, 2, lm.num_kv_heads, n, lm.head_dim, dtype=lm.dtype, device=lm.device
+        )
+
+    def rank(self, g: GenRow) -> tuple:
+        """Preemption order, lowest first: omega (RSBCM; LRU: none), then the latest admitted."""
+        if self.config.eviction == "lru":
+            return (-g.order,)
+        return (self.cache.owner_omega(g.owner), -g.order)
+
+    def free(self, g: GenRow) -> None:
+        """Give back a running row's K/V: its chunks, its cohort's buffer with the last row, its pins."""
+        cache = self.cache
+        cache.unreserve(g.chunk_bytes)
+        g.chunks, g.chunk_bytes = [], 0
+        if g.cohort is not None:
+            g.cohort.live -= 1
+            if g.cohort.live == 0:
+                cache.unreserve(g.cohort.nbytes)
+                g.cohort.batch = None
+            g.cohort = None
+        cache.store.unpin(g.pinned)
+        g.pinned = []
+
+    def no_room(self, g: GenRow) -> CacheBudgetError:
+        store = self.cache.store
+        return CacheBudgetError(
+            f"cache_budget={store.budget} bytes cannot run this call: the pinned prompts hold "
+            f"{store.pinned_bytes()} bytes and one row needs at least "
+            f"{self.cache.need_bytes([g.row], g.sampling.max_new_tokens)} bytes with them; "
+            "raise --cache-budget or run fewer searches at once"
+        )
+
+    def store_prompt(self, r: Row, kv: torch.Tensor, owner: Any) -> Handle:
+        """Cache a generate row's new prompt K/V (a pinned owner's must stay cached; the rest only
+        where it displaces nothing owned); returns where the prompt ends."""
+        try:
+            end = self.cache.store_kv(r.ids, r.matched, kv, free_only=not r.must_store, charge=r.stats)
+        except CacheBudgetError:  # no room beside the running rows: kept as tokens, recomputed if needed
+            end = self.cache.store_kv(r.ids, r.matched, kv, free_only=True, charge=r.stats)
+        self.cache.count_prompt(end, r.search)
+        self.cache.pin_prompts([end], [owner])
+        return end

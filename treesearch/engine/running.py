@@ -1,0 +1,165 @@
+"""The work items the scheduler (`treesearch.engine.scheduler`) runs: a call of one search, its
+generate rows while they run (tokens so far, own sampler, own K/V) and its score rows.
+
+A generate row's own K/V lives in two places, both counted against the budget: its cohort's buffer
+(the rows prefilled in one forward share one `BatchKV`; row b's part is a prefix run read in place)
+and decode chunks of at most one block each, which grow as it generates. So a row that joins a
+running batch later attends over its cached chain, then its cohort part, then its chunks, exactly
+the context it would have alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import astuple, dataclass, field
+from typing import Any
+
+import torch
+
+from treesearch.backends.protocol import Generation
+from treesearch.cache.manager import Handle, Row
+from treesearch.common.config import Sampling
+from treesearch.common.stats import Stats
+from treesearch.engine.forward import cut_at_stop
+
+
+@dataclass(eq=False)
+class Call:
+    """One generate or score call of one search: its items, and its results as they come."""
+
+    kind: str  # "generate" | "score"
+    n: int  # rows
+    charge: list[Stats] = field(default_factory=list)  # where each row's work is counted
+    key: Hashable = None  # score calls with equal keys share a forward
+    args: dict = field(default_factory=dict)  # score: labels, seqs, exit_rule
+    results: list = field(default_factory=list)
+    left: int = 0
+    error: BaseException | None = None
+    cancelled: BaseException | None = None
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        self.results = [None] * self.n
+        self.left = self.n
+
+    def deliver(self, index: int, result: Any) -> None:
+        assert self.results[index] is None, f"row {index} of a call returned twice"
+        self.results[index] = result
+        self.left -= 1
+
+
+@dataclass(eq=False)
+class Cohort:
+    """The rows prefilled by one forward: their buffer (`BatchKV`), held until the last leaves."""
+
+    batch: Any
+    nbytes: int  # counted against the budget while any row of it runs
+    live: int
+
+
+@dataclass(eq=False)
+class GenRow:
+    """One generate row: its prompt's cache plan, sampler, tokens so far and its own K/V."""
+
+    call: Call
+    index: int  # in its call
+    prompt: str
+    row: Row  # the prompt as the cache planned it at submission
+    sampling: Sampling
+    generator: torch.Generator
+    owner: Hashable = None
+    order: int = 0  # admission order (LRU preemption takes the latest)
+    gens: list[int] = field(default_factory=list)
+    logps: list[float] = field(default_factory=list)
+    finish: str | None = None
+    plan: Row | None = (
+        None  # the context computed at the current admission (prompt, + fed tokens on a resume)
+    )
+    cohort: Cohort | None = None
+    slot: int = 0  # its row in the cohort's buffer
+    chunks: list[list] = field(default_factory=list)  # [tensor [L, 2, Hkv, cap, d], used]
+    chunk_bytes: int = 0
+    pinned: list = field(default_factory=list)  # the chain it attends over, pinned while it runs
+    handle: Handle | None = None  # where its prompt (then prompt + fed tokens) ends in the store
+    reused: bool = False  # its reuse was counted (at its first admission)
+    asks_ref: int | None = None
+    asks_sigma: float | None = None
+
+    reused_n: int = 0  # prompt tokens served from the cache at its first admission
+
+    @property
+    def stats(self) -> Stats:
+        assert self.row.stats is not None  # the engine's rows always carry their search's Stats
+        return self.row.stats
+
+    @property
+    def context(self) -> list[int]:
+        return self.row.ids + self.gens
+
+    def sampling_key(self) -> tuple:
+        return astuple(self.sampling)
+
+    def own_runs(self) -> list[tuple[torch.Tensor, int]]:
+        """Its own K/V after the cached chain, as prefix runs: the cohort part, then the chunks."""
+        assert self.cohort is not None and self.plan is not None
+        runs = [(self.cohort.batch.row_run(self.slot), len(self.plan.ids) - self.plan.matched)]
+        return runs + [(kv, used) for kv, used in self.chunks if used]
+
+    def held(self) -> int:
+        """Tokens of context whose K/V it holds (chain + own)."""
+        assert self.plan is not None
+        return len(self.plan.ids) + sum(used for _, used in self.chunks)
+
+    def room(self) -> int:
+        """Free token slots in its last chunk."""
+        return self.chunks[-1][0].shape[3] - self.chunks[-1][1] if self.chunks else 0
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Append one token's K/V ([L, Hkv, d] each) to its last chunk."""
+        kv, used = self.chunks[-1]
+        kv[:, 0, :, used] = k
+        kv[:, 1, :, used] = v
+        self.chunks[-1][1] = used + 1
+
+    def own_kv(self, start: int) -> torch.Tensor:
+        """A copy of its own K/V from absolute position start (>= plan.matched) to what it holds."""
+        assert self.plan is not None
+        parts = [kv[:, :, :, :used] for kv, used in self.own_runs()]
+        return torch.cat(parts, dim=3)[:, :, :, start - self.plan.matched :].clone()
+
+
+@dataclass(eq=False)
+class ScoreRow:
+    """One score row: the prompt's cache plan and its owner."""
+
+    call: Call
+    index: int
+    row: Row
+    owner: Hashable = None
+
+    @property
+    def stats(self) -> Stats:
+        assert self.row.stats is not None
+        return self.row.stats
+
+
+def generation(engine: Any, g: GenRow) -> Generation:
+    """The result of a generate row that has ended; remembers its tokens, tags its owner."""
+    text = engine.lm.tokenizer.decode(g.gens, skip_special_tokens=True)
+    engine.remember_generation(g.prompt, g.row.ids, g.gens)
+    engine.searches.saw(g.stats, g.row.ids + g.gens[:-1])
+    g.stats.generated_tokens += len(g.gens)
+    if g.owner is not None and g.handle is not None:
+        engine.cache.tag_owners([g.handle], [g.owner])
+    assert g.finish is not None
+    return Generation(
+        text=cut_at_stop(text, g.sampling.stop),
+        token_ids=g.gens,
+        logprobs=g.logps,
+        finish=g.finish,
+        prompt_tokens=len(g.row.ids),
+        reused_tokens=g.reused_n,
+        handle=g.handle,
+        asks_ref=g.asks_ref,
+        asks_sigma=g.asks_sigma,
+    )

@@ -1,0 +1,351 @@
+"""The iteration-level scheduler of the local engine: every search's calls become rows of one
+running batch, advanced a step at a time (continuous batching, as vLLM's and SGLang's schedulers).
+
+One step (under the engine's lock, run by whichever waiting thread finds no step running):
+1. score rows that wait run, grouped by labels and exit rule, in batches that fit the budget;
+2. waiting generate rows are admitted in arrival order (preempted rows first), up to `max_rows`
+   running and `step_tokens` prompt tokens per step: each is looked up, its chain pinned and
+   made resident, and its K/V (its part of the cohort buffer and its first decode chunk) reserved
+   against the budget; `make_room` evicts unread blocks (lowest omega first, or LRU) for it. A row
+   that still does not fit waits for running rows to finish. The admitted rows are prefilled in
+   one forward (a cohort) and sample their first token;
+3. every running row feeds its last token through one decode forward (`Forward.step`) over its
+   chain, its cohort part and its chunks; a row whose chunk is full first reserves one more
+   block, and when even that cannot fit, the running row of lowest omega (LRU: the latest
+   admitted) is preempted: its K/V freed, requeued first, recomputed when readmitted (lossless:
+   it keeps its tokens and its sampler);
+4. a row that meets EOS, a stop string or max tokens leaves at once, and a call returns to its
+   search as soon as its last row is done: no barrier over searches.
+Rows carry their own seeds and prompts, so a result never depends on which rows shared a step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+
+from treesearch.cache.attention import BatchKV
+from treesearch.cache.manager import Row
+from treesearch.common.errors import CacheBudgetError, SearchCancelled
+from treesearch.engine.decoder import decoder_for
+from treesearch.engine.forward import sample
+from treesearch.engine.memory import RowMemory
+from treesearch.engine.running import Call, Cohort, GenRow, ScoreRow, generation
+from treesearch.engine.scoring import run_scores
+
+
+class Scheduler:
+    """Runs the rows of every call submitted to one engine, a step at a time (see the module)."""
+
+    def __init__(self, engine: Any, *, max_rows: int, step_tokens: int = 2048) -> None:
+        self.engine = engine
+        self.max_rows = max_rows
+        self.step_tokens = step_tokens
+        self.cv = threading.Condition(threading.RLock())
+        self.gen_wait: deque[GenRow] = deque()
+        self.score_wait: list[ScoreRow] = []
+        self.running: list[GenRow] = []
+        self.memory = RowMemory(engine)
+        self._busy = False
+        self._order = itertools.count()
+        self.on_step: Callable[[], None] | None = None  # called after every step (tests check invariants)
+        # batch fill, for the bench: decode steps, rows they ran, steps with fewer rows than were ready
+        self.steps = self.decode_steps = self.decode_rows = self.short_steps = 0
+
+    @property
+    def lock(self) -> threading.Condition:
+        """Held while a step runs; whoever touches the engine's state between steps holds it."""
+        return self.cv
+
+    # -- the callers' side ------------------------------------------------------------------------
+    def submit(self, call: Call, items: list) -> list:
+        """Queue a call's rows and wait until they are done, running steps while no one else does."""
+        with self.cv:
+            if call.kind == "generate":
+                self.gen_wait.extend(items)
+            else:
+                self.score_wait.extend(items)
+        while True:
+            with self.cv:
+                while not call.done and self._busy and call.cancelled is None:
+                    self.cv.wait()
+                if call.cancelled is not None and not call.done:
+                    raise SearchCancelled(str(call.cancelled) or type(call.cancelled).__name__)
+                if call.done:
+                    break
+                self._busy = True
+                try:
+                    self._step()
+                except BaseException as exc:
+                    self._fail_all(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                finally:
+                    self._busy = False
+                    self.cv.notify_all()
+            time.sleep(0)  # a step boundary: searches whose calls returned submit their next ones
+        if call.error is not None:
+            raise call.error
+        return call.results
+
+    def cancel(self, stats: set[int], why: BaseException) -> None:
+        """The calls of these searches (ids of their Stats) stop: their rows are dropped and their
+        threads raise SearchCancelled."""
+        with self.cv:
+            for call in self._calls():
+                if any(id(it.stats) in stats for it in self._items(call)):
+                    call.cancelled = why
+                    self._drop(call)
+            self.cv.notify_all()
+
+    # -- one step -------------------------------------------------------------------------------------
+    def _step(self) -> None:
+        cache = self.engine.cache
+        ready = len(self.running) + len(self.gen_wait)
+        charge = None
+        try:
+            if self.score_wait:
+                charge = self.score_wait[0].stats
+                run_scores(self)
+            if self.gen_wait:
+                charge = charge or self.gen_wait[0].stats
+                self._admit()
+            if self.running:
+                charge = charge or self.running[0].stats
+                self._decode(ready)
+        finally:
+            cache.end_call(charge)
+            self.steps += 1
+        if self.on_step is not None:
+            self.on_step()
+
+    def _admit(self) -> None:
+        """Admit waiting generate rows that fit, prefill them as one cohort, sample first tokens."""
+        eng, cache = self.engine, self.engine.cache
+        picked: list[GenRow] = []
+        tokens = 0
+        while self.gen_wait and len(self.running) + len(picked) < self.max_rows:
+            ctx = len(self.gen_wait[0].context) - (1 if self.gen_wait[0].gens else 0)
+            if picked and tokens + ctx > self.step_tokens:
+                break
+            tokens += ctx
+            picked.append(self.gen_wait.popleft())
+        plans = []
+        for g in picked:
+            ids = g.row.ids + g.gens[:-1]  # a resumed row computes its fed tokens again
+            plans.append(
+                Row(ids=ids, stats=g.stats, search=g.row.search, must_store=g.row.must_store and not g.gens)
+            )
+            plans[-1].bare = g.row.bare
+        eng.plan_rows(plans)
+        admitted: list[GenRow] = []
+        reserved = 0
+        for g, p in zip(picked, plans):
+            got = self.memory.hold(g, p, admitted, reserved)
+            if got is None and not admitted and not self.running and eng.config.shares and not p.bare:
+                p.bare, g.row.bare = True, True  # too little room for its cached context and its buffer
+                cache.lookup([p])
+                got = self.memory.hold(g, p, admitted, reserved)
+            if got is None:
+                break
+            reserved = got
+            admitted.append(g)
+        for g in reversed(picked[len(admitted) :]):
+            self.gen_wait.appendleft(g)
+        if not admitted:
+            if not self.running and picked:  # nothing runs that could free room: it can never fit
+                self.fail_call(picked[0].call, self.memory.no_room(picked[0]))
+            return
+        self._prefill(admitted, reserved)
+
+    def _prefill(self, rows: list[GenRow], nbytes: int) -> None:
+        eng, cache = self.engine, self.engine.cache
+        plans = [g.plan for g in rows]
+        assert all(p is not None for p in plans)
+        news = [p.ids[p.matched :] for p in plans]  # type: ignore[union-attr]
+        batch, logits = eng.forward.prefill(
+            [cache.prefix(p.chain) for p in plans],  # type: ignore[union-attr]
+            news,
+            [p.matched for p in plans],  # type: ignore[union-attr]
+            extra=0,
+            want_logits=True,
+            charge=[g.stats for g in rows],
+        )
+        cohort = Cohort(batch, nbytes, len(rows))
+        fresh = []
+        for b, (g, p) in enumerate(zip(rows, plans)):
+            assert p is not None
+            g.cohort, g.slot, g.order = cohort, b, next(self._order)
+            (g.stats).recomputed_tokens += p.cut
+            if g.reused:  # a preempted row: all it computes now it had computed before
+                g.stats.recomputed_tokens += len(news[b])
+                continue
+            g.reused, g.reused_n = True, p.matched - p.prepass
+            g.stats.reused_tokens += g.reused_n
+            g.asks_sigma = p.asks_sigma
+            g.asks_ref = (
+                None if p.asks_ref is None or rows[p.asks_ref].call is not g.call else rows[p.asks_ref].index
+            )
+            if eng.config.shares:
+                g.handle = self.memory.store_prompt(p, batch.row_kv(b, 0, len(news[b])), g.owner)
+            fresh.append(b)
+        self.running.extend(rows)
+        self._sample([rows[b] for b in fresh], logits[fresh] if fresh else logits[:0])
+
+    def _decode(self, ready: int) -> None:
+        eng, cache = self.engine, self.engine.cache
+        bpt = cache.store.bytes_per_token
+        for g in sorted(self.running, key=self.memory.rank, reverse=True):  # the most valuable grows first
+            if g in self.running and g.room() == 0:
+                self._grow(g)
+        rows = list(self.running)
+        while rows:
+            try:
+                cache.reserve(len(rows) * bpt)  # the step's buffer: one token per row
+                break
+            except CacheBudgetError:
+                self._preempt(self._victim())
+                rows = list(self.running)
+        if not rows:
+            return
+        lm = eng.lm
+        fwd = eng.forward
+        if fwd.decoder is not None and fwd.decoder.stale(lm.model):  # a weight changed in place
+            fwd.decoder = decoder_for(lm.model)
+        batch = BatchKV(lm.num_layers, len(rows), lm.num_kv_heads, lm.head_dim, 1, lm.dtype, lm.device)
+        batch.set_prefixes([cache.prefix(g.plan.chain) + g.own_runs() for g in rows])  # type: ignore[union-attr]
+        try:
+            logits = eng.forward.step(
+                batch,
+                [g.gens[-1] for g in rows],
+                [len(g.context) - 1 for g in rows],
+                0,
+                [g.stats for g in rows],
+            )
+        finally:
+            cache.unreserve(len(rows) * bpt)
+        for b, g in enumerate(rows):
+            g.write(batch.k[:, b, :, 0], batch.v[:, b, :, 0])
+        self.decode_steps += 1
+        self.decode_rows += len(rows)
+        self.short_steps += len(rows) < min(ready, self.max_rows)
+        self._sample(rows, logits)
+
+    def _sample(self, rows: list[GenRow], logits: torch.Tensor) -> None:
+        """Each row's next token from its own generator; rows that end leave at once."""
+        groups: dict[tuple, list[int]] = {}
+        for b, g in enumerate(rows):
+            groups.setdefault(g.sampling_key(), []).append(b)
+        for idx in groups.values():
+            sampling = rows[idx[0]].sampling
+            toks, lps = sample(logits[idx], sampling, [rows[b].generator for b in idx])
+            for b, t, lp in zip(idx, toks, lps):
+                g = rows[b]
+                g.gens.append(t)
+                g.logps.append(lp)
+                g.finish = self.engine.forward.finished(g.gens, sampling)
+                if g.finish is None and len(g.gens) >= sampling.max_new_tokens:
+                    g.finish = "length"
+        for g in rows:
+            if g.finish is not None:
+                self._leave(g)
+
+    # -- memory --------------------------------------------------------------------------------------
+    def _grow(self, g: GenRow) -> None:
+        """One more chunk for a row whose chunks are full, preempting others (or it) if need be."""
+        n = self.memory.chunk_tokens(g)
+        assert n > 0, "a running row with no slot left would have ended"
+        while g in self.running:
+            try:
+                self.engine.cache.reserve(n * self.engine.cache.store.bytes_per_token)
+            except CacheBudgetError:
+                self._preempt(self._victim())
+                continue
+            g.chunks.append([self.memory.chunk(n), 0])
+            g.chunk_bytes += n * self.engine.cache.store.bytes_per_token
+            return
+
+    def _victim(self) -> GenRow:
+        if not self.running:
+            raise CacheBudgetError(
+                f"cache_budget={self.engine.cache.store.budget} bytes leave no room for one decode step; "
+                "raise --cache-budget or run fewer searches at once"
+            )
+        return min(self.running, key=self.memory.rank)
+
+    def _free(self, g: GenRow) -> None:
+        self.memory.free(g)
+        if g in self.running:
+            self.running.remove(g)
+
+    def _preempt(self, g: GenRow) -> None:
+        self._free(g)
+        g.plan = None
+        g.stats.preemptions += 1
+        self.gen_wait.appendleft(g)
+
+    # -- rows and calls ending ----------------------------------------------------------------------
+    def _leave(self, g: GenRow) -> None:
+        eng = self.engine
+        fed = len(g.gens) - 1
+        if eng.config.shares and fed > 0 and g.handle is not None:
+            ctx = g.row.ids + g.gens[:fed]
+            assert g.plan is not None
+            start = max(len(g.row.ids), g.plan.matched)  # a resumed row may have found fed tokens cached
+            if start < len(ctx):
+                kv = g.own_kv(start)[:, :, :, : len(ctx) - start]
+                g.handle = eng.cache.store_kv(ctx, start, kv, free_only=True, charge=g.stats)
+        self._free(g)
+        g.call.deliver(g.index, generation(eng, g))
+        self.maybe_done(g.call)
+
+    def maybe_done(self, call: Call) -> None:
+        if call.left == 0 and not call.done:
+            self.engine.finish_call(call)
+            call.done = True
+
+    def fail_call(self, call: Call, exc: BaseException) -> None:
+        call.error = exc
+        self._drop(call)
+        call.done = True
+
+    def _drop(self, call: Call) -> None:
+        for g in [g for g in self.running if g.call is call]:
+            self._free(g)
+        self.gen_wait = deque(g for g in self.gen_wait if g.call is not call)
+        self.score_wait = [it for it in self.score_wait if it.call is not call]
+
+    def _fail_all(self, exc: BaseException) -> None:
+        """An error no single call caused (a bug, Ctrl-C inside a step): every call gets it."""
+        for call in self._calls():
+            self.fail_call(call, exc)
+        self.engine.cache.end_call()
+
+    def _calls(self) -> list[Call]:
+        items: list[Any]
+        seen: dict[int, Call] = {}
+        items = [*self.running, *self.gen_wait, *self.score_wait]
+        for it in items:
+            seen.setdefault(id(it.call), it.call)
+        return list(seen.values())
+
+    def _items(self, call: Call) -> list[Any]:
+        items: list[Any] = [*self.running, *self.gen_wait, *self.score_wait]
+        return [it for it in items if it.call is call]
+
+
+def rule_key(rule: Any) -> Hashable:
+    """Exit rules that say `merge_key()` are interchangeable when the keys are equal (CGEE's
+    LayerExit with the same thresholds); any other rule object shares a forward only with itself."""
+    key = getattr(rule, "merge_key", None)
+    return key() if callable(key) else ("object", id(rule))
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed & 0x7FFFFFFFFFFFFFFF)

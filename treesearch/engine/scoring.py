@@ -1,0 +1,162 @@
+"""One batch of score rows: label probabilities after each prompt, in one forward (with CGEE's
+per-row exits) plus one more for the tails of multi-token labels (`treesearch.engine.labels`).
+The scheduler (`treesearch.engine.scheduler`) runs it for the score rows of a step."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from typing import Any
+
+from treesearch.backends.protocol import Score
+from treesearch.cache.manager import CacheManager, Row, bare_copy
+from treesearch.common.errors import CacheBudgetError
+from treesearch.common.stats import Stats
+from treesearch.engine.labels import label_tails
+from treesearch.engine.running import ScoreRow
+from treesearch.policies.cgee import RowExits
+
+
+def _stats(r: Row) -> Stats:
+    assert r.stats is not None  # the engine's rows always carry their search's Stats
+    return r.stats
+
+
+def score_batch(
+    engine: Any,
+    rows: list[Row],
+    labels: list[str],
+    seqs: list[list[int]],
+    owners: list | None,
+    exit_rule: Any,
+) -> list[Score]:
+    """Score rows (looked up) on `engine`: prepare and hold their chains, run the pass, store each
+    full row's prompt K/V and tag its owner."""
+    engine.prepare(rows)
+    news = [r.ids[r.matched :] for r in rows]
+    held: list[int] = []
+    try:
+        batch, out = engine.prefill_rows(
+            [r.chain for r in rows],
+            news,
+            [r.matched for r in rows],
+            [_stats(r) for r in rows],
+            held=held,
+            want_logits=True,
+            exit_rule=exit_rule,
+            exits=RowExits(len(rows)),
+            label_ids=[q[0] for q in seqs],
+        )
+        for r in rows:
+            _stats(r).reused_tokens += r.matched - r.prepass
+        if isinstance(out, RowExits):  # per-row exit: each row has its own depth and batch row
+            per = [(out.probs[b], out.layers[b], out.batch_row[b]) for b in range(len(rows))]
+        else:
+            per = [(out[0][b], out[1], b) for b in range(len(rows))]
+        full = [layers == engine.lm.num_layers for _, layers, _ in per]
+        tails = label_tails(engine.forward, engine.cache, rows, batch, per, full, seqs, held)
+        ends = engine.store_prompts(rows, batch, [len(t) for t in news], full, [p[2] for p in per])
+    finally:
+        for n in held:
+            engine.cache.unreserve(n)
+    results = []
+    for b, r in enumerate(rows):
+        probs, layers_run, _ = per[b]
+        if full[b]:  # whole sequences: the first token from this pass, the rest from the tails
+            raw = {
+                lab: float(probs[q[0]]) * math.exp(tails.get((b, k), 0.0))
+                for k, (lab, q) in enumerate(zip(labels, seqs))
+            }
+        else:
+            raw = {lab: float(probs[k]) for k, lab in enumerate(labels)}
+        tot = sum(raw.values()) or 1.0
+        engine.searches.saw(_stats(r), r.ids)
+        results.append(
+            Score(
+                probs={k: v / tot for k, v in raw.items()},
+                raw=raw,
+                layers_run=layers_run,
+                reused_tokens=r.matched - r.prepass,
+                handle=ends[b],
+                asks_sigma=r.asks_sigma,
+                asks_ref=r.asks_ref,
+            )
+        )
+    if owners is not None:
+        engine.cache.tag_owners([s.handle for s in results], owners)
+    return results
+
+
+def plan_batches(cache: CacheManager, rows: list[Row], extra: int, max_batch: int) -> list[list[int]]:
+    """Split the rows (in order) into batches of at most max_batch whose K/V fits the budget
+    together with every row whose prompt must stay cached (`need_bytes`); without a budget,
+    batches of max_batch."""
+    must = [r for r in rows if r.must_store]
+    budget = cache.store.budget
+    for r in rows:  # a row whose cached context and buffer cannot fit together runs bare
+        if budget is not None and cache.need_bytes([r], extra, must) > budget >= cache.need_bytes(
+            [bare_copy(r)], extra, must
+        ):
+            r.bare, r.chain, r.matched = True, [], 0
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i, r in enumerate(rows):
+        if cur and (
+            len(cur) == max_batch
+            or (
+                cache.store.budget is not None
+                and cache.need_bytes([rows[j] for j in cur] + [r], extra, must) > cache.store.budget
+            )
+        ):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def run_scores(sched: Any) -> None:
+    """The step's score rows: grouped by labels and exit rule, each group in batches that fit."""
+    groups: dict[Hashable, list[ScoreRow]] = {}
+    for it in sched.score_wait:
+        groups.setdefault(it.call.key, []).append(it)
+    for items in groups.values():
+        if not _score_group(sched, items):
+            return
+
+
+def _score_group(sched: Any, items: list[ScoreRow]) -> bool:
+    """Score the rows of calls with one key in batches that fit; False when one must wait."""
+    eng = sched.engine
+    args = items[0].call.args
+    rule = args["exit_rule"]
+    if rule is not None and len({id(it.call) for it in items}) > 1:
+        rule = rule.fresh()  # an equivalent rule with no memory of any row (see `Engine.score`)
+    rows = [it.row for it in items]
+    if eng.config.shares:
+        eng.cache.lookup(rows)
+    for idx in plan_batches(eng.cache, rows, 0, sched.max_rows):
+        part = [items[i] for i in idx]
+        try:
+            out = eng.score_rows([p.row for p in part], args, [p.owner for p in part], rule)
+        except CacheBudgetError as exc:
+            eng.cache.end_call(part[0].stats)
+            if len(part) > 1:  # too little room for the batch: its halves, one after the other
+                h = len(part) // 2
+                return _score_group(sched, part[:h]) and _score_group(sched, part[h:])
+            if not part[0].row.bare and eng.config.shares and not sched.running:
+                part[0].row.bare = True  # its cached context and its buffer do not fit together
+                return _score_group(sched, part)
+            if sched.running:
+                return False  # waits for running rows to finish
+            sched.fail_call(part[0].call, exc)
+            return False
+        eng.cache.end_call(part[0].stats)
+        for p, res in zip(part, out):
+            ref = res.asks_ref
+            res.asks_ref = None if ref is None or part[ref].call is not p.call else part[ref].index
+            sched.score_wait.remove(p)
+            p.call.deliver(p.index, res)
+            sched.maybe_done(p.call)
+    return True
