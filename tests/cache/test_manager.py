@@ -189,10 +189,10 @@ def test_report_peak_raises_each_searchs_peaks_once_and_never_lowers_them():
     put(cm, [1, 2, 3, 4, 5])  # 2 blocks
     cm.reserve(3 * BLOCK)
     cm.unreserve(3 * BLOCK)
-    a, b = Stats(), Stats(peak_kv_bytes=100 * BLOCK)
+    a, b = Stats(), Stats(peak_kv_bytes=100 * BLOCK, peak_store_bytes=50 * BLOCK)
     cm.report_peak([a, a, b])
     assert (a.peak_kv_bytes, a.peak_store_bytes) == (5 * BLOCK, 2 * BLOCK)
-    assert (b.peak_kv_bytes, b.peak_store_bytes) == (100 * BLOCK, 2 * BLOCK)
+    assert (b.peak_kv_bytes, b.peak_store_bytes) == (100 * BLOCK, 50 * BLOCK)
 
 
 def test_fits_free_counts_whole_blocks_in_room_that_displaces_nothing_owned():
@@ -374,7 +374,7 @@ def test_new_search_releases_owners_keeps_the_last_searchs_prompts_and_resets_co
 
 
 def test_a_run_several_rows_share_is_computed_once_and_reused_by_them():
-    cm, model = make(share_min_tokens=4)
+    cm, model = make(share_min_tokens=5)  # exactly the run's length: shared
     a, _ = put(cm, [1, 2, 3, 4])
     s0, s1 = Stats(), Stats()
     run = [10, 11, 12, 13, 14]
@@ -414,12 +414,12 @@ def test_shared_runs_are_skipped_when_the_budget_has_no_room_for_them():
 # -- property test: random owner and storage sequences -----------------------------------------------------
 
 op = st.one_of(
-    st.tuples(st.just("store"), st.integers(0, 30), st.lists(st.integers(1, 3), min_size=1, max_size=7)),
-    st.tuples(st.just("store_must"), st.integers(0, 30), st.lists(st.integers(1, 3), min_size=1, max_size=7)),
-    st.tuples(st.just("acquire"), st.integers(0, 3), st.integers(0, 30)),
-    st.tuples(st.just("release"), st.integers(0, 3), st.just([])),
-    st.tuples(st.just("pin_owner"), st.integers(0, 3), st.just([])),
-    st.tuples(st.just("prompt"), st.integers(0, 3), st.integers(0, 30)),
+    st.tuples(st.just("store"), st.integers(0, 30), st.lists(st.integers(1, 2), min_size=1, max_size=6)),
+    st.tuples(st.just("store_must"), st.integers(0, 30), st.lists(st.integers(1, 2), min_size=1, max_size=6)),
+    st.tuples(st.just("acquire"), st.integers(0, 1), st.integers(0, 30)),
+    st.tuples(st.just("release"), st.integers(0, 1), st.just([])),
+    st.tuples(st.just("pin_owner"), st.integers(0, 1), st.just([])),
+    st.tuples(st.just("prompt"), st.integers(0, 1), st.integers(0, 30)),
     st.tuples(st.just("end_call"), st.just(0), st.just([])),
 )
 
@@ -428,8 +428,8 @@ def context(end: tuple[Segment, int]) -> list[int]:
     return [t for s, used in end[0].context_chain(end[1]) for t in s.tokens[:used]]
 
 
-@settings(max_examples=100, deadline=None)
-@given(budget_blocks=st.one_of(st.none(), st.integers(2, 10)), ops=st.lists(op, max_size=40))
+@settings(max_examples=150, deadline=None)
+@given(budget_blocks=st.one_of(st.none(), st.integers(2, 8)), ops=st.lists(op, max_size=50))
 def test_random_owner_and_store_sequences_keep_the_store_consistent_and_refs_as_modelled(budget_blocks, ops):
     cm, _ = make(budget=None if budget_blocks is None else budget_blocks * BLOCK)
     cm.set_priority(lambda o: float(o) if isinstance(o, int) else None)
@@ -473,7 +473,7 @@ def test_random_owner_and_store_sequences_keep_the_store_consistent_and_refs_as_
         for seg in store.segments.values():
             assert seg.owners == {o for o, ids in held.items() if seg.id in ids}
             assert kv_is_exact(seg)
-        assert all(cm.prompt_pinned(o) == (o in pinned) for o in range(4))
+        assert all(cm.prompt_pinned(o) == (o in pinned) for o in range(2))
     cm.end_call()
     for seg in cm.store.segments.values():  # what stays pinned: the pinned owners' prompts
         assert seg.pins == sum(1 for o in pinned if seg.id in held.get(("prompt", o), ()))
