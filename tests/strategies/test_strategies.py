@@ -406,6 +406,7 @@ def test_cli_solve_runs_each_strategy(name, capsys, monkeypatch, tiny_lm):
                 "--max-states",
                 "2",
                 "--no-progress",
+                "--stats",
             ]
         )
         == 0
