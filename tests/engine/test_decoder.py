@@ -68,9 +68,17 @@ def test_the_tiny_model_qualifies_and_decodes_through_the_fast_step(tiny_lm):
     assert Engine(tiny_lm).forward.decoder is decoder.decoder_for(tiny_lm.model)  # packed once per model
 
 
+@pytest.fixture(scope="module", params=["llama", "qwen2-own-head", "qwen2-tied"])
+def arch_lm(request, tiny_lm):
+    """The tiny Llama, and the tiny Qwen2 (q/k/v biases) with an LM head of its own and tied."""
+    if request.param == "llama":
+        return tiny_lm
+    return tiny_model(seed=0, arch="qwen2", tied=request.param == "qwen2-tied")
+
+
 @pytest.mark.parametrize("pack", [True, False], ids=["own-runs-packed", "own-runs-in-place"])
-@pytest.mark.parametrize("batch", [1, 3, 6])
-def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(tiny_lm, batch, pack, monkeypatch):
+@pytest.mark.parametrize("batch", [1, 3, 4, 6])
+def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(arch_lm, batch, pack, monkeypatch):
     if not pack:
         monkeypatch.setattr(decoder, "PACK_SINGLES_BYTES", 0)
     base, more = words(20), words(9, 5)
@@ -80,7 +88,7 @@ def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(tiny_lm, ba
         for b in range(batch)
     ]
     out = decode_both(
-        tiny_lm, prompts, [base, base + more, prompts[0]], Sampling(max_new_tokens=10, ignore_eos=True)
+        arch_lm, prompts, [base, base + more, prompts[0]], Sampling(max_new_tokens=10, ignore_eos=True)
     )
     assert_same(out)
 

@@ -1,14 +1,14 @@
 """The local engine on Qwen2 (q/k/v biases, RoPE base 1e6, an LM head of its own or tied), on a tiny
-random Qwen2: the fast decode step equals the layer path (every step's logits within 1e-4, identical
-greedy tokens) over every kind of prefix group, exact sharing equals sharing off (tokens identical,
-scores within 1e-4), and a BFS search gives the same tree with sharing on and off."""
+random Qwen2: the fast step without the biases is not the layer path (the prefix-group cases of
+the fast step run on Qwen2 in test_decoder.py's `arch_lm`), exact sharing equals sharing off
+(tokens identical, scores within 1e-4), and a BFS search gives the same tree with sharing on and off."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from same_results import assert_same as assert_same_search
-from test_decoder import assert_same, decode_both, words
+from test_decoder import assert_same, words
 from test_lossless import LABELS
 from test_lossless import _assert_same as assert_lossless
 from test_lossless import _run_both as run_both_modes
@@ -44,22 +44,6 @@ def test_the_tiny_qwen2_is_built_as_qwen2_is_and_qualifies(qwen_lm):
 def test_load_model_builds_the_tiny_qwen2_by_name():
     lm = load_model(TINY_QWEN2)
     assert lm.name == TINY_QWEN2 and lm.model.config.model_type == "qwen2"
-
-
-@pytest.mark.parametrize("pack", [True, False], ids=["own-runs-packed", "own-runs-in-place"])
-@pytest.mark.parametrize("batch", [1, 4])
-def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(qwen_lm, batch, pack, monkeypatch):
-    if not pack:
-        monkeypatch.setattr(decoder, "PACK_SINGLES_BYTES", 0)
-    base, more = words(20), words(9, 5)
-    prompts = [
-        base + more + f" Row {b}:" + words(b, b) if b < 2 else base + f" Row {b}:" + words(b, b)
-        for b in range(batch)
-    ]
-    out = decode_both(
-        qwen_lm, prompts, [base, base + more, prompts[0]], Sampling(max_new_tokens=10, ignore_eos=True)
-    )
-    assert_same(out)
 
 
 def test_the_fast_step_without_the_biases_is_not_the_layer_path(qwen_lm):
