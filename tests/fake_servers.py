@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 Answer = Callable[[str, dict], tuple[int, Any]]  # (path, JSON body) -> (status, JSON answer)
@@ -158,10 +159,27 @@ class HangingServer:
         self.sock.close()
 
 
+def free_port() -> int:
+    """A 127.0.0.1 port where nothing listens (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def refused_url() -> str:
-    """The URL of a 127.0.0.1 port where nothing listens (bound, then closed)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"http://127.0.0.1:{port}/v1"
+    """The URL of a 127.0.0.1 port where nothing listens."""
+    return f"http://127.0.0.1:{free_port()}/v1"
+
+
+def default_gguf_or_skip() -> Path:
+    """The default model's GGUF file for a real server to load; the test skips, saying how to install
+    it, when it is absent."""
+    import pytest
+
+    from treesearch.common.errors import ModelNotInstalledError
+    from treesearch.models.load import default_gguf_path
+
+    try:
+        return default_gguf_path()
+    except ModelNotInstalledError as err:
+        pytest.skip(str(err))

@@ -12,7 +12,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,8 @@ import pytest
 httpx = pytest.importorskip(
     "httpx", reason="the server backend needs httpx: pip install 'treesearch[server]'"
 )
+
+from fake_servers import default_gguf_or_skip, free_port  # noqa: E402
 
 from treesearch import Sampling, Searcher, ServerEngine  # noqa: E402
 from treesearch.backends.http import root_url  # noqa: E402
@@ -73,16 +74,8 @@ def running_llama_server(log: Path, *, parallel: int) -> Iterator[LlamaServer]:
         pytest.skip(
             f"llama-server is not built: run `make llama-server` (or set {ENV}=/path/to/llama-server)"
         )
-    from treesearch.common.errors import ModelNotInstalledError
-    from treesearch.models.load import default_gguf_path
-
-    try:
-        gguf = default_gguf_path()
-    except ModelNotInstalledError as err:
-        pytest.skip(str(err))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    gguf = default_gguf_or_skip()
+    port = free_port()
     cmd = [str(binary), "-m", str(gguf), "-a", ALIAS, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["-c", "4096", "-np", str(parallel), "-kvu", "-t", "1", "-tb", "1", "--no-webui"]
     with open(log, "wb") as out:

@@ -14,7 +14,16 @@ import pytest
 
 pytest.importorskip("httpx", reason="the server backend needs httpx: pip install 'treesearch[server]'")
 
-from fake_servers import HangingServer, ScriptedServer, always, completion, models, refused_url  # noqa: E402
+from fake_servers import (  # noqa: E402
+    HangingServer,
+    ScriptedServer,
+    always,
+    completion,
+    default_gguf_or_skip,
+    free_port,
+    models,
+    refused_url,
+)
 
 from treesearch import RKSCConfig, Sampling, Searcher  # noqa: E402
 from treesearch.backends.http import root_url  # noqa: E402
@@ -446,7 +455,6 @@ def llama_server(tmp_path_factory):
     whole session: started once, ready when /v1/models answers (polled for at most 180 s), killed
     at the end. Yields (base URL, path of its log: stdout and stderr, verbose)."""
     import importlib.util
-    import socket
     import subprocess
 
     import httpx
@@ -468,16 +476,8 @@ def llama_server(tmp_path_factory):
             f"llama-cpp-python[server] is not installed (missing {', '.join(missing)}): "
             "pip install 'llama-cpp-python[server]' (the test extra installs it)"
         )
-    from treesearch.common.errors import ModelNotInstalledError
-    from treesearch.models.load import default_gguf_path
-
-    try:
-        gguf = default_gguf_path()
-    except ModelNotInstalledError as err:
-        pytest.skip(str(err))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    gguf = default_gguf_or_skip()
+    port = free_port()
     log = tmp_path_factory.mktemp("llama_server") / "server.log"
     cmd = [
         sys.executable,
