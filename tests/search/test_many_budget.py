@@ -71,8 +71,15 @@ def test_any_concurrency_under_a_budget_that_preempts_equals_the_searches_alone(
     )
     engine = searcher.shared_engine()  # kept for solve_many (keep_cache)
     engine.scheduler.on_step = engine.store.check_invariants
-    tight = list(searcher.solve_many(INPUTS, concurrency=concurrency))
-    assert_same(ref, tight)
-    assert searcher.engine.store.peak_bytes <= budget
+    # Whether a row is preempted depends on when the searches' threads arrive, so a run at
+    # concurrency 8 may not preempt: up to three runs, each checked in full, until one does.
+    preempted = 0
+    for _ in range(3 if concurrency == 8 else 1):
+        tight = list(searcher.solve_many(INPUTS, concurrency=concurrency))
+        assert_same(ref, tight)
+        assert searcher.engine.store.peak_bytes <= budget
+        preempted += sum(r.stats["preemptions"] for r in tight)
+        if preempted:
+            break
     if concurrency == 8:
-        assert sum(r.stats["preemptions"] for r in tight) > 0
+        assert preempted > 0
