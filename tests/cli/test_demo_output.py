@@ -1,7 +1,7 @@
 """What `treesearch solve` prints after the tree, run as a user runs it (a subprocess, tiny model):
 one short stats line by default, every counter with --stats (the JSON has them always); and torch's
-OpenMP threads wait passively (OMP_WAIT_POLICY=PASSIVE in the environment before torch loads, via the
-CLI and via load_model) unless the user set the variable."""
+OpenMP threads spin only briefly (GOMP_SPINCOUNT in the environment before torch loads, via the CLI
+and via load_model) unless the user set it or OMP_WAIT_POLICY."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ import pytest
 from treesearch.common.stats import Stats
 
 ROOT = Path(__file__).resolve().parents[2]
-# records OMP_WAIT_POLICY at the moment torch is first imported, then runs the given code
+# records OMP_WAIT_POLICY and GOMP_SPINCOUNT at the moment torch is first imported, then runs the code
 SPY = """
 import importlib.abc, json, os, sys
 seen = []
 class Spy(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == "torch" and not seen:
-            seen.append(os.environ.get("OMP_WAIT_POLICY", "<unset>"))
+            seen.append([os.environ.get(v, "<unset>") for v in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")])
         return None
 sys.meta_path.insert(0, Spy())
 try:
@@ -51,7 +51,7 @@ STATS = re.compile(
 
 
 def spy(code: str, env_policy: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     if env_policy is not None:
         env["OMP_WAIT_POLICY"] = env_policy
     return subprocess.run(
@@ -64,12 +64,14 @@ def spy(code: str, env_policy: str | None = None) -> subprocess.CompletedProcess
     )
 
 
-def policy_seen(proc: subprocess.CompletedProcess) -> list[str]:
+def policy_seen(proc: subprocess.CompletedProcess) -> list[list[str]]:
     line = [ln for ln in proc.stderr.splitlines() if ln.startswith("policy when torch loaded:")][-1]
     return json.loads(line.partition(":")[2])
 
 
-def solve(tmp_path: Path, *extra: str, env_policy: str | None = None) -> tuple[list[str], dict, list[str]]:
+def solve(
+    tmp_path: Path, *extra: str, env_policy: str | None = None
+) -> tuple[list[str], dict, list[list[str]]]:
     argv = [*SOLVE, "--json", str(tmp_path / "r.json"), *extra]
     proc = spy(f"from treesearch.cli.main import main; rc = main({argv!r}); assert rc == 0, rc", env_policy)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -102,26 +104,33 @@ def test_stats_flag_prints_every_counter_as_the_json_has_it(tmp_path):
     assert sum(ln.startswith("stats: ") for ln in out) == 1
 
 
-def test_the_cli_sets_a_passive_wait_policy_before_torch_loads(default_run):
-    assert default_run[2] == ["PASSIVE"]
+def test_the_cli_bounds_the_openmp_spin_before_torch_loads(default_run):
+    assert default_run[2] == [["<unset>", "10000"]]
 
 
-def test_a_wait_policy_the_user_set_is_kept(tmp_path):
-    assert solve(tmp_path, env_policy="ACTIVE")[2] == ["ACTIVE"]
+def test_a_wait_policy_the_user_set_is_kept_and_no_spin_count_is_added(tmp_path):
+    assert solve(tmp_path, env_policy="ACTIVE")[2] == [["ACTIVE", "<unset>"]]
 
 
-def test_load_model_sets_the_passive_policy_when_torch_is_not_loaded_yet():
+def test_load_model_bounds_the_spin_when_torch_is_not_loaded_yet():
     proc = spy("from treesearch.models.load import load_model; load_model('tiny')")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert policy_seen(proc) == ["PASSIVE"]
+    assert policy_seen(proc) == [["<unset>", "10000"]]
     kept = spy("from treesearch.models.load import load_model; load_model('tiny')", env_policy="active")
-    assert policy_seen(kept) == ["active"]
+    assert policy_seen(kept) == [["active", "<unset>"]]
+
+
+def test_a_spin_count_the_user_set_is_kept():
+    from treesearch.common.threads import bounded_openmp_wait
+
+    env = {"GOMP_SPINCOUNT": "0"}
+    assert bounded_openmp_wait(env) is False and env == {"GOMP_SPINCOUNT": "0"}
 
 
 def test_nothing_is_set_once_torch_is_loaded():
     import torch  # noqa: F401  (loaded: a policy set now would have no effect)
 
-    from treesearch.common.threads import passive_openmp_wait
+    from treesearch.common.threads import bounded_openmp_wait
 
     env: dict[str, str] = {}
-    assert passive_openmp_wait(env) is False and env == {}
+    assert bounded_openmp_wait(env) is False and env == {}

@@ -1,5 +1,6 @@
-"""`treesearch bench threads`: one short fixed decode under torch's default OpenMP wait policy and
-under OMP_WAIT_POLICY=PASSIVE, on a quiet machine and beside a busy process, in one run.
+"""`treesearch bench threads`: one short fixed decode under each OpenMP wait policy (libgomp's default
+spin, OMP_WAIT_POLICY=PASSIVE, and treesearch's bounded spin GOMP_SPINCOUNT=10000), on a quiet machine
+and beside a busy process, in one run.
 
 Each measurement is a fresh process (libgomp reads the policy once, when torch loads): it loads the
 model, warms up, then times `--rounds` greedy generate calls of `--rows` prompts x `--tokens` new
@@ -7,10 +8,10 @@ tokens (EOS ignored) and reports the median seconds per call. "busy" starts the 
 and waits until it runs: `--busy torch` is another torch process decoding the same way in a loop
 with torch's default policy (an older treesearch, or any torch job), `--busy spin` one pure-Python
 busy loop per core. Printed: one JSON line per (policy, machine) and one of ratios; the figures
-are the machine's, never asserted (`treesearch.common.threads` says why the default is passive).
+are the machine's, never asserted (`treesearch.common.threads` says why the default is a bounded spin).
 
     treesearch bench threads                       # tiny model, ~30 s on 2 quiet cores
-    treesearch bench threads --model default --tokens 16 --busy spin --json threads.json
+    treesearch bench threads --model SmolLM2-135M-Instruct --tokens 16 --busy spin --json threads.json
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from pathlib import Path
 from treesearch.cli.flags import add_json_flag
 from treesearch.cli.parser import ArgumentParser
 from treesearch.common.errors import UsageError
+from treesearch.common.threads import SPIN, SPIN_COUNT, WAIT_POLICY
 
-POLICIES = ("default", "passive")
+POLICIES = ("default", "passive", "bounded")  # libgomp's own, sleep at once, treesearch's
 MACHINES = ("quiet", "busy")
 READY = "ready"
 
@@ -36,11 +38,15 @@ READY = "ready"
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog="treesearch bench threads",
-        description="A short fixed decode with torch's default OpenMP wait policy and with "
-        "OMP_WAIT_POLICY=PASSIVE, on a quiet machine and beside a busy process; prints the ratios.",
+        description="A short fixed decode under libgomp's default OpenMP wait, OMP_WAIT_POLICY=PASSIVE and "
+        "treesearch's bounded spin (GOMP_SPINCOUNT), on a quiet machine and beside a busy process; prints "
+        "the ratios.",
     )
     p.add_argument(
-        "--model", default="tiny", help="'tiny' (default), 'default' (SmolLM2-135M) or a model folder"
+        "--model",
+        default="tiny",
+        help="'tiny' (default), SmolLM2-135M-Instruct (the default model), an installed model's name "
+        "or a model folder",
     )
     p.add_argument("--tokens", type=int, default=48, help="new tokens per generate call")
     p.add_argument("--rows", type=int, default=4, help="prompts decoded together")
@@ -77,11 +83,13 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rows[-1]), flush=True)
     t = {(r["policy"], r["machine"]): r["s_per_call"] for r in rows}
     ratios = {
-        "passive/default quiet": round(t["passive", "quiet"] / t["default", "quiet"], 3),
-        "passive/default busy": round(t["passive", "busy"] / t["default", "busy"], 3),
-        "busy/quiet default": round(t["default", "busy"] / t["default", "quiet"], 3),
-        "busy/quiet passive": round(t["passive", "busy"] / t["passive", "quiet"], 3),
+        f"{policy}/default {machine}": round(t[policy, machine] / t["default", machine], 3)
+        for policy in POLICIES[1:]
+        for machine in MACHINES
     }
+    ratios.update(
+        {f"busy/quiet {policy}": round(t[policy, "busy"] / t[policy, "quiet"], 3) for policy in POLICIES}
+    )
     print(json.dumps({"ratios": ratios}), flush=True)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({"rows": rows, "ratios": ratios}, indent=1) + "\n")
@@ -95,11 +103,13 @@ def _command(args: argparse.Namespace, child: str) -> list[str]:
 
 
 def _env(policy: str) -> dict[str, str]:
-    """The environment of a process under the policy: libgomp's own default (the variable unset;
-    the child imports torch before treesearch can set it), or PASSIVE."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    """The environment of a process under the policy: libgomp's own default (both variables unset;
+    the child imports torch before treesearch can set them), PASSIVE, or the bounded spin."""
+    env = {k: v for k, v in os.environ.items() if k not in (WAIT_POLICY, SPIN)}
     if policy == "passive":
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
+        env[WAIT_POLICY] = "PASSIVE"
+    elif policy == "bounded":
+        env[SPIN] = SPIN_COUNT
     return env
 
 
@@ -150,7 +160,7 @@ def _child(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    lm = load_model(None if args.model == "default" else args.model)
+    lm = load_model(args.model)
     eng = Engine(lm, RKSCConfig(kv_sharing="exact"))
     prompts = [f"Numbers: {r + 1} 5 6 10\nMoves:\n" for r in range(args.rows)]
     sampling = Sampling(max_new_tokens=args.tokens, ignore_eos=True)
@@ -172,7 +182,8 @@ def _child(args: argparse.Namespace) -> int:
         "tokens": args.tokens,
         "model": args.model,
         "torch_threads": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "omp_wait_policy": os.environ.get(WAIT_POLICY),
+        "gomp_spincount": os.environ.get(SPIN),
     }
     print(json.dumps(row), flush=True)
     return 0

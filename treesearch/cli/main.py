@@ -25,7 +25,7 @@ from treesearch.cli.model_loading import load_model_or_fail, torch_threads
 from treesearch.cli.models import cmd_models
 from treesearch.cli.parser import ArgumentParser
 from treesearch.common.errors import TreeSearchError
-from treesearch.common.threads import passive_openmp_wait
+from treesearch.common.threads import bounded_openmp_wait
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,7 +211,7 @@ def _one_line_warnings(show: Callable[..., None]) -> Callable[..., None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    passive_openmp_wait()  # before torch loads: waiting threads sleep instead of spinning
+    bounded_openmp_wait()  # before torch loads: waiting threads spin briefly, then sleep
     argv = list(sys.argv[1:] if argv is None else argv)
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warnings(warnings.showwarning)

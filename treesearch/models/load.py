@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from treesearch.common.errors import ModelNotFoundError, ModelNotInstalledError
-from treesearch.common.threads import passive_openmp_wait
+from treesearch.common.threads import bounded_openmp_wait
 from treesearch.models import install as registry
 from treesearch.models.model import LanguageModel, resolve_dtype, wrap_model
 from treesearch.models.paths import cache_dir
@@ -70,7 +70,7 @@ def load_model(name: str | None = None, device: str | None = None, dtype: Any = 
     """
     for hook in list(LOAD_HOOKS):
         hook(name)
-    passive_openmp_wait()  # before torch loads (`treesearch.common.threads`)
+    bounded_openmp_wait()  # before torch loads (`treesearch.common.threads`)
     check_model(name)
     dtype = resolve_dtype(dtype)
     device = device or "cpu"
@@ -157,7 +157,7 @@ def tiny_model(
     (`treesearch/models/smollm2-tokenizer`), so that text round-trips the same way as with the real
     model and no GGUF file is needed.
     """
-    passive_openmp_wait()  # before torch loads (`treesearch.common.threads`)
+    bounded_openmp_wait()  # before torch loads (`treesearch.common.threads`)
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
