@@ -139,7 +139,7 @@ def test_markdown_has_one_row_per_claim_and_the_reasons():
     assert text.count("\n| ") == 6 + 1 and "(M, small slices, 1.5 min)" in text
 
 
-def test_plan_runs_every_workload_and_three_models():
+def test_plan_runs_every_workload_on_the_model_and_compares_three_models():
     args = build_parser().parse_args(["--threads", "1", "--model", "/m"])
     keys = [k for k, _ in plan(args)]
     assert keys == [
@@ -153,7 +153,10 @@ def test_plan_runs_every_workload_and_three_models():
         "models:/m",
     ]
     argv = dict(plan(args))
-    assert argv["paraphrase"][-4:] == ["--range", "0:8", "--threads", "1"]
+    assert argv["paraphrase"][-6:] == ["--range", "0:8", "--threads", "1", "--model", "/m"]
+    assert all(argv[k][-2:] == ["--model", "/m"] for k in ("game24", "branch-gsm8k", "branch-arc", "tree"))
+    assert "--model" not in argv["models:default"]
+    assert "--model" not in dict(plan(build_parser().parse_args(["--only", "tree"])))["tree"]
     assert argv["models:/m"][-2:] == ["--model", "/m"] and "--fixed-length" in argv["models:tiny"]
     full = dict(plan(build_parser().parse_args(["--full", "--only", "tree"])))
     assert list(full) == ["tree"] and "0:2" in full["tree"]

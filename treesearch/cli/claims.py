@@ -7,7 +7,7 @@ The table itself comes from `treesearch.bench.claims` (pure), with the shipped C
 calibrations of the default model.
 
     treesearch bench claims --threads 1 --json docs/claims-small.json
-    treesearch bench claims --model /path/to/hf-model --threads 1   # adds that model to the across-models row
+    treesearch bench claims --model qwen2.5-coder-0.5b --threads 1   # every row on that model
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_model_flag(
         p,
-        "one more model for the across-models row (folder or id); the other rows always use the default "
-        "model (default: none more)",
+        "the model every row runs on, with its own CGEE and ASKS calibrations; the across-models row "
+        "compares it with the tiny and the default model (default: the default model)",
     )
     p.add_argument(
         "--only",
@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
-    """(key, bench argv) of every run: the workloads on the default model, then the models' runs."""
+    """(key, bench argv) of every run: the workloads on --model (the default model when none), then
+    the across-models runs: tiny, the default model, and --model when it is another."""
     names = [*RUNS, "models"] if args.only is None else [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in RUNS and n != "models"]
     if unknown:
@@ -88,7 +89,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     for name in names:
         if name in RUNS:
             argv, small, full = RUNS[name]
-            out.append((name, [*argv, "--range", full if args.full else small, *extra]))
+            model = ["--model", args.model] if args.model else []
+            out.append((name, [*argv, "--range", full if args.full else small, *extra, *model]))
     if "models" in names:
         argv, small, full = MODELS_RUN
         rng = ["--range", full if args.full else small]
