@@ -293,6 +293,25 @@ def uncertified(held: Outcome, target_error: float) -> str | None:
     return None
 
 
+def why_never(ds: Dataset, target_error: float) -> str:
+    """Why the fit certifies nothing, from the calibration calls themselves: too few calls for the
+    target, the best agreement of a layer before the last with the last layer's label (Level 2), and
+    whether the set has generation confidences at all (Level 1)."""
+    n, num_layers, _ = ds.traj.shape
+    if clopper_pearson_upper(0, n) > target_error:
+        return f"{n} calibration calls cannot certify a {target_error:.2%} error even with no error"
+    labels = ds.traj.argmax(axis=2)
+    agree = (labels[:, :-1] == labels[:, -1:]).mean(axis=0)
+    best = int(agree.argmax())
+    why = (
+        f"no exit layer makes zero errors on the {n} calls: the best layer before the last, {best + 1} of "
+        f"{num_layers}, agrees with the last layer's label on {agree[best]:.0%} of them"
+    )
+    if not ds.steps or all(c["conf"] == 0.0 for step in ds.steps for c in step):
+        return why + "; no generation confidences in this set (Level 1 needs --proposer model)"
+    return why + "; no (tau_conf, margin) skips a verification without changing a BFS selection"
+
+
 def held_report(hds: Dataset, t: Thresholds, held: Outcome, unseen: np.ndarray | None) -> dict:
     rep = dict(held.report(), **meta_of(hds))
     if unseen is not None and not unseen.all():

@@ -22,6 +22,7 @@ from treesearch.calibrate.cgee_fit import (
     save,
     uncertified,
     unseen_calls,
+    why_never,
 )
 from treesearch.calibrate.sets import Dataset, collect_choice, collect_game24, collect_game24_oracle
 from treesearch.common.errors import UsageError
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         "thresholds": t.to_dict(),
         "calibration": dict(out.report(), **meta_of(ds)),
     }
+    if t == never(ds):
+        result["why"] = why_never(ds, args.target_error)
     held = hds = None
     if args.eval_range or args.eval_calls:
         dump = None
@@ -199,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, indent=1))
     if not args.dry_run:
         path = Path(args.out) if args.out else calibration_path(ds.model)
-        save(ds, t, out, held, path, hds, {k: result[k] for k in ("heldout", "rejected") if k in result})
+        save(
+            ds, t, out, held, path, hds, {k: result[k] for k in ("heldout", "rejected", "why") if k in result}
+        )
         _log(f"wrote {path}")
     return 0
