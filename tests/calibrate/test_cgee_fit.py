@@ -379,3 +379,25 @@ def test_calibrate_takes_the_long_task_name_and_keeps_the_files_short_key(tiny_l
     rc = main([*argv, "--target-error", "1"])
     assert rc == 0
     assert list(json.loads(out.read_text())["tasks"]) == ["arc"]  # the calibration file's key, as shipped
+
+
+def test_a_fit_that_certifies_nothing_says_why_in_the_file(tmp_path):
+    cal, out = tmp_path / "cal.json", tmp_path / "m.json"
+    few = _settled(10)
+    cal.write_text(json.dumps(few.to_json()))
+    assert main(["--calls", str(cal), "--out", str(out)]) == 0
+    why = json.loads(out.read_text())["tasks"]["arc"]["why"]
+    assert why == "10 calibration calls cannot certify a 0.37% error even with no error"
+    # 1000 calls whose layer-2 label flips on every 4th call: only the last layer is safe
+    traj = np.tile(np.array([[0.9, 0.1], [0.9, 0.1], [0.9, 0.1]]), (1000, 1, 1))
+    traj[::4, 1] = [0.1, 0.9]
+    traj[::2, 2] = [0.2, 0.8]
+    flaky = Dataset(task="arc", model="m", labels=["a", "b"], weights=None, traj=traj)
+    cal.write_text(json.dumps(flaky.to_json()))
+    assert main(["--calls", str(cal), "--out", str(out)]) == 0
+    why = json.loads(out.read_text())["tasks"]["arc"]["why"]
+    assert why == (
+        "no exit layer makes zero errors on the 1000 calls: the best layer before the last, 2 of 3, agrees "
+        "with the last layer's label on 75% of them; no generation confidences in this set (Level 1 needs "
+        "--proposer model)"
+    )
