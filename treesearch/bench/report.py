@@ -363,6 +363,9 @@ def plot(doc: dict, path: str) -> None:
         bottom = [b + v for b, v in zip(bottom, vals)]
     a2.set_title("tokens")
     a2.legend()
+    if len(names) > 5:  # sweep variants' long names: upright labels would overlap
+        for ax in (a1, a2):
+            ax.tick_params(axis="x", labelrotation=90, labelsize=7)
     fig.suptitle(f"treesearch bench {doc.get('workload')} ({doc.get('task')}, {doc.get('model')})")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
