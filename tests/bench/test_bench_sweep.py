@@ -170,11 +170,16 @@ def test_each_budget_is_its_percent_of_that_concurrencys_unbounded_peak_and_hold
         least = doc["modes"]["exact" + at]["least_budget_bytes"]
         stated = int(peak * r["budget_percent"] / 100)
         assert r["exact_peak_kv_bytes"] == peak and 0 < least <= peak
+        assert r["peak_kv_bytes"] <= r["budget_bytes"], r["name"]
+        if any("budget raised 1.5x" in n for n in doc["modes"][r["name"]]["notes"]):
+            # a call found less room than exact's did (searches arrive in another order): the
+            # runner raised the budget and reran, and says so; the budget only grew
+            assert r["budget_bytes"] > max(stated, least) and r["budget_raised"], r["name"]
+            continue
         assert r["budget_bytes"] == max(stated, least), r["name"]  # raised only to the least budget
         assert r["budget_raised"] is (least > stated)
         if r["budget_percent"] == 100:
             assert r["budget_bytes"] == peak
-        assert r["peak_kv_bytes"] <= r["budget_bytes"], r["name"]
 
 
 def test_batch_fill_counts_one_row_per_decoded_token(sweep_doc):
