@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from treesearch.bench.modes import base_name
 from treesearch.common.config import EVICTIONS
 from treesearch.common.errors import UsageError
 
@@ -110,10 +111,6 @@ def _reference(name: str, modes: dict) -> str | None:
     return ref if ref in modes else None
 
 
-def _share(part: Any, whole: Any) -> float | None:
-    return part / whole if part is not None and whole else None
-
-
 def records(doc: dict) -> list[dict]:
     """The JSON's `runs`: one record per engine mode run (mode, concurrency, budget, eviction) with its
     throughput, memory, batch fill and whether its decisions equal its reference's."""
@@ -123,14 +120,13 @@ def records(doc: dict) -> list[dict]:
             continue  # hf-cb (a replay, not a search) and modes that did not run
         ref = _reference(name, doc["modes"])
         ref_decisions = doc["modes"][ref].get("decisions") if ref else None
-        steps = e.get("decode_steps")
         at = "" if e["concurrency"] == 1 else f"@{e['concurrency']}"
         unbounded = (doc["modes"].get("exact" + at) or {}).get("peak_kv_bytes")
         stated = int(unbounded * e["budget_percent"] / 100) if unbounded and e["budget_percent"] else None
         out.append(
             {
                 "name": name,
-                "mode": name.split("/", 1)[0].split("@", 1)[0],
+                "mode": base_name(name),
                 "concurrency": e["concurrency"],
                 "budget_percent": e["budget_percent"],
                 "eviction": e["eviction"],
@@ -144,11 +140,11 @@ def records(doc: dict) -> list[dict]:
                 "preemptions": e.get("preemptions"),
                 "evicted_blocks": e.get("evicted_blocks"),
                 "peak_kv_bytes": e.get("peak_kv_bytes"),
-                "decode_steps": steps,
+                "decode_steps": e.get("decode_steps"),
                 "decode_rows": e.get("decode_rows"),
                 "short_steps": e.get("short_steps"),
-                "rows_per_step": _share(e.get("decode_rows"), steps),
-                "short_step_share": _share(e.get("short_steps"), steps),
+                "rows_per_step": e.get("rows_per_step"),
+                "short_step_share": e.get("short_step_share"),
                 "accuracy": e.get("accuracy"),
                 "reference": ref,
                 "same_decisions": None if ref_decisions is None else e.get("decisions") == ref_decisions,
