@@ -41,19 +41,21 @@ class Mode:
     notes: list[str] = field(default_factory=list)
     backend: Any = None  # server mode: the ServerEngine that runs the workload instead of the local engine
     concurrency: int = 1  # searches in flight at once (`Searcher.solve_many`); "exact@16" has 16
+    budget_percent: float | None = None  # cache budget as a percent of exact's unbounded peak (None: none)
+    sweep: bool = False  # a --budgets variant ("exact@16/50%/lru", `treesearch.bench.sweep`)
 
 
 def base_name(name: str) -> str:
-    """ "exact@16" -> "exact" (the mode a concurrent variant runs)."""
-    return name.split("@", 1)[0]
+    """ "exact@16" -> "exact", "exact@16/50%/lru" -> "exact" (the mode a variant runs)."""
+    return name.split("/", 1)[0].split("@", 1)[0]
 
 
-def concurrent_names(names: list[str], concurrency: int) -> list[str]:
-    """The modes to run for --concurrency N: each engine mode as given, then each at N searches
-    in flight ("exact@16"), so sequential and concurrent runs of the same inputs sit side by side."""
-    if concurrency <= 1:
-        return list(names)
-    return list(names) + [f"{n}@{concurrency}" for n in names if n in ENGINE_MODES]
+def concurrent_names(names: list[str], concurrency: int | list[int]) -> list[str]:
+    """The modes to run for --concurrency N[,M...]: each mode as given (sequential), then each
+    engine mode at every N > 1 searches in flight ("exact@16"), so sequential and concurrent runs of
+    the same inputs sit side by side."""
+    levels = [concurrency] if isinstance(concurrency, int) else concurrency
+    return list(names) + [f"{n}@{c}" for c in levels if c > 1 for n in names if n in ENGINE_MODES]
 
 
 def parse_modes(text: str) -> list[str]:
@@ -92,6 +94,13 @@ def rksc_config(cache_budget: int | None, model_name: str | None = None) -> RKSC
 
 def make_mode(name: str, cache_budget: int | None = None, model_name: str | None = None) -> Mode:
     """The mode named on the command line; model_name picks the model's shipped ASKS calibration."""
+    if "/" in name:  # a budget sweep variant: "exact@16/50%/lru" (`treesearch.bench.sweep`)
+        head, percent, eviction = name.split("/")
+        mode = make_mode(head, cache_budget, model_name)
+        assert mode.config is not None  # only engine modes are swept
+        mode.name, mode.sweep, mode.budget_percent = name, True, float(percent.rstrip("%"))
+        mode.config.eviction = eviction
+        return mode
     if "@" in name:  # a concurrent variant: the base mode with N searches in flight
         mode = make_mode(base_name(name), cache_budget, model_name)
         mode.name, mode.concurrency = name, int(name.split("@", 1)[1])

@@ -16,6 +16,11 @@ Definitions (all from the recorded counters and wall times):
   equal to nokv's (exact's when nokv did not run), compared position by position (a missing
   decision counts as a disagreement); `agreement_reference` names the mode compared against.
 - inputs_per_hour = items * 3600 / wall_s.
+- rows_per_step = decode_rows / decode_steps and short_step_share = short_steps / decode_steps, from the
+  local engine's scheduler (game24): a short step ran fewer rows than were ready at its start (running
+  plus waiting generate rows, at most the engine's max rows).
+- runs: one record per engine mode run (mode, concurrency, budget_percent, eviction): see
+  `treesearch.bench.sweep`.
 hf-cb only replays generation, so its row has wall time and token counts of the replay; the replay
 table compares it with our engine (exact) on the same requests.
 """
@@ -25,6 +30,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from treesearch.bench import sweep
+from treesearch.bench.results import BATCH_FIELDS
 from treesearch.bench.runner import BenchRuns
 
 FIELDS = (
@@ -54,6 +61,7 @@ COUNTERS = (
     "verify_layers_full",
     "evicted_blocks",
     "recomputed_tokens",
+    "preemptions",
     "asks_attached",
     "asks_extra_reused",
     "cgee_disagreements",
@@ -127,6 +135,7 @@ def build(runs: BenchRuns, meta: dict) -> dict:
         entry["counters_stable"] = all(r.stats == last.stats for r in mr.runs)
         entry["decisions_total"] = len(last.decisions)
         entry["decisions"] = list(last.decisions)
+        entry.update(_sweep_fields(mr.mode, last))
         modes[name] = entry
         decisions[name] = last.decisions
     base, ex = modes.get("nokv"), modes.get("exact")
@@ -146,7 +155,7 @@ def build(runs: BenchRuns, meta: dict) -> dict:
         name: (agreement(d, decisions["exact"]) if "exact" in decisions else None)
         for name, d in decisions.items()
     }
-    return {
+    doc = {
         **meta,
         "modes": modes,
         "agreement": agree,
@@ -154,6 +163,28 @@ def build(runs: BenchRuns, meta: dict) -> dict:
         "agreement_vs_exact": vs_exact,
         "replay": _replay_entry(runs),
     }
+    doc["runs"] = sweep.records(doc)
+    return doc
+
+
+def _sweep_fields(mode, last) -> dict:
+    """Where a run sits in the sweep (concurrency, budget, eviction) and its batch fill (the
+    scheduler's decode steps, the rows they ran, the steps with fewer rows than were ready)."""
+    config = mode.config
+    budget = config.cache_budget if config is not None else None
+    out = {
+        "concurrency": mode.concurrency,
+        "budget_percent": mode.budget_percent if budget is not None else None,
+        "eviction": config.eviction if budget is not None else None,
+        "budget_bytes": budget,
+        "least_budget_bytes": last.stats.get("least_budget_bytes"),
+    }
+    for k in BATCH_FIELDS:
+        out[k] = last.batch.get(k)
+    steps = out["decode_steps"]
+    out["rows_per_step"] = out["decode_rows"] / steps if steps else None
+    out["short_step_share"] = out["short_steps"] / steps if steps else None
+    return out
 
 
 def _hf_entry(runs: BenchRuns, mr) -> dict:
@@ -275,6 +306,7 @@ def markdown(doc: dict) -> str:
                 for n, e in asks
             ),
         ]
+    lines += sweep.markdown(doc)
     notes = [(n, t) for n, e in doc["modes"].items() for t in e["notes"]]
     if notes:
         lines += ["", "Notes:"] + [f"- {n}: {t}" for n, t in notes]
@@ -303,14 +335,19 @@ def markdown(doc: dict) -> str:
 
 
 def plot(doc: dict, path: str) -> None:
-    """PNG: speedup vs nokv per mode, and the token counts per mode (matplotlib, Agg backend)."""
+    """PNG: speedup vs nokv per mode, and the token counts per mode (matplotlib, Agg backend); with
+    --budgets, below them throughput and recomputed tokens against budget (`treesearch.bench.sweep`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = [n for n, e in doc["modes"].items() if e["status"] in ("ok", "partial")]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    swept = any("/" in r["name"] for r in doc.get("runs") or [])
+    fig, axes = plt.subplots(2 if swept else 1, 2, figsize=(10, 8 if swept else 4), squeeze=False)
+    (a1, a2) = axes[0]
+    if swept:  # the budget sweep below the mode bars
+        sweep.plot(doc, axes[1])
     speed = [doc["modes"][n]["speedup_vs_nokv"] or 0.0 for n in names]
     a1.bar(names, speed, color="tab:blue")
     a1.axhline(1.0, color="grey", lw=0.8)
@@ -326,6 +363,9 @@ def plot(doc: dict, path: str) -> None:
         bottom = [b + v for b, v in zip(bottom, vals)]
     a2.set_title("tokens")
     a2.legend()
+    if len(names) > 5:  # sweep variants' long names: upright labels would overlap
+        for ax in (a1, a2):
+            ax.tick_params(axis="x", labelrotation=90, labelsize=7)
     fig.suptitle(f"treesearch bench {doc.get('workload')} ({doc.get('task')}, {doc.get('model')})")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

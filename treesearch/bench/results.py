@@ -31,7 +31,9 @@ SUM_FIELDS = (
     "asks_extra_reused",
     "evicted_blocks",
     "recomputed_tokens",
+    "preemptions",
 )
+BATCH_FIELDS = ("decode_steps", "decode_rows", "short_steps")  # the local engine scheduler's batch fill
 
 
 @dataclass
@@ -46,6 +48,9 @@ class RunResult:
     requests: list[list[list[str]]] = field(default_factory=list)  # item -> generate call -> prompts
     max_new_tokens: int = 0
     notes: list[str] = field(default_factory=list)
+    # the scheduler's batch fill over the run (BATCH_FIELDS; empty for workloads and backends without one):
+    # kept apart from `stats` because it depends on thread timing and need not repeat exactly
+    batch: dict = field(default_factory=dict)
 
     def add_stats(self, stats: dict) -> None:
         """Sum counters over items; peak KV is the maximum (each item's search counts its own). The
@@ -55,6 +60,11 @@ class RunResult:
             self.stats[k] = self.stats.get(k, 0) + int(stats.get(k, 0) or 0)
         for k in ("peak_kv_bytes", "least_budget_bytes"):
             self.stats[k] = max(self.stats.get(k, 0), int(stats.get(k, 0) or 0))
+
+    def add_batch(self, schedulers: list) -> None:
+        """Sum the batch-fill counters of the schedulers the run's engines used (each once)."""
+        for k in BATCH_FIELDS:
+            self.batch[k] = sum(int(getattr(s, k, 0)) for s in schedulers)
 
     def note(self, text: str) -> None:
         if text not in self.notes:

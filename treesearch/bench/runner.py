@@ -2,8 +2,10 @@
 running the modes one after another (interleaved, so slow drift of a shared machine hits every
 mode alike). A mode that fails records its error as the reason instead of stopping the benchmark.
 
-rksc's cache budget is a fraction of exact's peak KV bytes from the same round (RSBCM must then
-evict to stay under it); without an exact run it stays unbounded and the notes say so.
+rksc's cache budget, and each --budgets variant's (`treesearch.bench.sweep`), is a fraction of exact's
+unbounded peak KV bytes at the same concurrency from the same round (RSBCM must then evict to stay
+under it); without an exact run it stays unbounded and the notes say so. Each round runs by
+concurrency, the unbounded modes (exact first) before the budgeted variants (`run_order`).
 hf-cb replays the generation requests recorded by the first engine mode that ran (exact first).
 server runs the workload through the ServerEngine given to `run_all` (`treesearch.bench.engines`).
 """
@@ -94,14 +96,16 @@ def run_all(
             warm_up(lm, mr.mode)
         except Exception as err:  # noqa: BLE001 - recorded as the mode's reason
             mr.error = f"warm-up failed: {type(err).__name__}: {err}"
-    order = [n for n in ENGINE_MODES if n in out.modes] + [n for n in out.modes if "@" in n]
     for _ in range(repeat):
         exact_peak: dict[int, tuple[int, int] | None] = {}  # per concurrency: exact's peak and least budget
-        for name in order:
+        for name in run_order(out.modes):
             mr = out.modes[name]
             if mr.error:
                 continue
-            if base_name(name) == "rksc":
+            if mr.mode.sweep:  # a --budgets variant: its percent of exact's unbounded peak
+                assert mr.mode.budget_percent is not None
+                _set_budget(mr.mode, exact_peak.get(mr.mode.concurrency), mr.mode.budget_percent / 100)
+            elif base_name(name) == "rksc":
                 _set_budget(mr.mode, exact_peak.get(mr.mode.concurrency), budget_fraction)
             try:
                 run = _run_mode(lm, workload, mr.mode, tick)
@@ -110,7 +114,7 @@ def run_all(
                 mr.error = f"{type(err).__name__}: {err}"
                 continue
             mr.runs.append(run)
-            if base_name(name) == "exact":
+            if base_name(name) == "exact" and not mr.mode.sweep:  # unbounded: the budgets' base
                 exact_peak[mr.mode.concurrency] = (
                     run.stats.get("peak_kv_bytes", 0),
                     run.stats.get("least_budget_bytes", 0),
@@ -118,6 +122,16 @@ def run_all(
         if "hf-cb" in out.modes and not out.modes["hf-cb"].error:
             _replay(lm, workload, out, tick, replay_tokens)
     return out
+
+
+def run_order(modes: dict[str, ModeRuns]) -> list[str]:
+    """The engine modes in running order: by concurrency, the unbounded runs (exact first) before the
+    budgeted runs that take their budgets from exact's peak at that concurrency."""
+    names = [n for n in modes if base_name(n) in ENGINE_MODES]
+    return sorted(
+        names,
+        key=lambda n: (modes[n].mode.concurrency, modes[n].mode.sweep, ENGINE_MODES.index(base_name(n))),
+    )
 
 
 def _run_mode(lm: LanguageModel, workload: Workload, mode: Mode, tick: Tick, retries: int = 4) -> RunResult:
@@ -138,19 +152,27 @@ def _run_mode(lm: LanguageModel, workload: Workload, mode: Mode, tick: Tick, ret
 
 
 def _set_budget(mode: Mode, exact: tuple[int, int] | None, fraction: float) -> None:
-    """rksc's budget: the fraction of exact's peak K/V, raised to the least budget exact's calls
-    needed (below it a call cannot run at all)."""
+    """rksc's (or a --budgets variant's) budget: the fraction of exact's unbounded peak K/V at the
+    mode's concurrency, raised to the least budget exact's calls needed (below it a call cannot run)."""
     from treesearch.bench.modes import feature_notes
 
     peak, least = exact or (0, 0)
     budget = max(1, int(peak * fraction), least) if peak and fraction > 0 else None
     config = mode.config
-    assert config is not None  # an rksc mode
+    assert config is not None  # an engine mode
     config.cache_budget = budget
-    mode.notes[:] = feature_notes(config)
+    if not mode.sweep:  # a sweep variant keeps the percent it was named with
+        mode.budget_percent = fraction * 100 if budget is not None else None
+        mode.notes[:] = feature_notes(config)
+    else:
+        mode.notes[:] = [n for n in mode.notes if not n.startswith(("cache_budget", "RSBCM: "))]
     if budget is not None:
         raised = f", raised to exact's least budget {least} B" if least > int(peak * fraction) else ""
         mode.notes.append(f"cache_budget = {fraction:g} x exact's peak KV bytes{raised}")
+        if mode.sweep:
+            mode.notes.append(f"RSBCM: cache_budget={budget} B, eviction {config.eviction}")
+    elif mode.sweep:
+        mode.notes.append("cache_budget: no exact run at this concurrency to take a percent of (unbounded)")
 
 
 def _replay(

@@ -74,7 +74,11 @@ def run_game24(
         if concurrency > 1
         else (searcher.solve(p) for p in puzzles)
     )
+    schedulers: dict[int, Any] = {}  # the engines' schedulers (batch fill), each counted once
     for puzzle, result in zip(puzzles, results):
+        sched = getattr(searcher.engine, "scheduler", None)  # a server backend has none
+        if sched is not None:
+            schedulers.setdefault(id(sched), sched)
         if result.status != "complete":  # a concurrent search that raised: raise it here, as solve would
             from treesearch.common.errors import CacheBudgetError
 
@@ -108,6 +112,8 @@ def run_game24(
         out.requests.append(batches)
         tick(1)
     out.wall_s = time.perf_counter() - t0
+    if schedulers:
+        out.add_batch(list(schedulers.values()))
     return out
 
 

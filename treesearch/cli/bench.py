@@ -4,6 +4,8 @@
     treesearch bench branch --task arc_challenge --range 0:5 --json arc.json --plot arc.png
     treesearch bench tree --range 0:2 --modes nokv,exact,rksc,hf-cb --repeat 3
     treesearch bench game24 --range 900:902 --modes exact,cgee --threads 1   # scoring time, CGEE off vs on
+    treesearch bench game24 --range 900:916 --modes exact,rksc --concurrency 1,16 --budgets 100,50,25 \
+        --eviction omega,lru --json sweep.json --plot sweep.png   # batch fill, memory/speed per budget
     treesearch bench branch --model dummy:llama-3.1-8b --device cuda --dtype bfloat16 --range 0:2
 
 A `dummy:NAME` model (random weights of a real shape, `treesearch.models.dummy`) writes gibberish, so its
@@ -122,11 +124,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--concurrency",
-        type=int,
-        default=1,
-        metavar="N",
-        help="game24: also run each engine mode with N searches in flight (solve_many), beside the "
-        "sequential run (default 1: sequential only)",
+        dest="concurrency_levels",  # a list, not the one int that check_flags's "concurrency" rule reads
+        default="1",
+        metavar="N[,M...]",
+        help="game24: also run each engine mode with N (and M...) searches in flight (solve_many), beside "
+        "the sequential run (1 = sequential, always run; default 1); the batch-fill table gives per run "
+        "the mean rows per decode step and the share of short steps: decode steps that ran fewer rows "
+        "than were ready at their start (running plus waiting generate rows, at most the engine's max "
+        "rows), i.e. rows held back by the budget or the per-step prompt limit, preempted, or done at "
+        "their first token",
+    )
+    p.add_argument(
+        "--budgets",
+        default=None,
+        metavar="P[,Q...]",
+        help="also run exact, asks, asks-open, cgee and rksc (those in --modes) at each cache budget, "
+        "in percent (1-100) of exact's unbounded peak K/V at the same concurrency in the same run "
+        "(exact must run), e.g. 100,50,25: the memory/speed table (default: none)",
+    )
+    p.add_argument(
+        "--eviction",
+        default=None,
+        metavar="ORDER[,ORDER...]",
+        help="with --budgets: the eviction and preemption orders to run each budget in, omega (RSBCM) "
+        "and/or lru (default omega)",
     )
     add_threads_flag(p)
     add_progress_flag(p)
@@ -149,6 +170,19 @@ def parse_range(text: str | None, workload: str) -> tuple[int, int]:
 def modes_for(args: argparse.Namespace) -> str:
     """--modes as given, else the workload's default modes."""
     return args.modes or DEFAULT_MODES.get(args.workload, "nokv,exact,rksc,hf-cb")
+
+
+def mode_names(args: argparse.Namespace) -> tuple[list[str], list[int]]:
+    """Every mode to run (--modes, at each --concurrency, and the --budgets x --eviction variants)
+    and the concurrencies; a bad list raises UsageError naming the flag."""
+    from treesearch.bench.modes import concurrent_names, parse_modes
+    from treesearch.bench.sweep import parse_budgets, parse_concurrency, parse_evictions, sweep_names
+
+    levels = parse_concurrency(args.concurrency_levels)
+    budgets = parse_budgets(args.budgets)
+    base = parse_modes(modes_for(args))
+    names = concurrent_names(base, levels)
+    return names + sweep_names(base, levels, budgets, parse_evictions(args.eviction, budgets)), levels
 
 
 def machine() -> dict:
@@ -185,11 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
-    from treesearch.bench.modes import concurrent_names, parse_modes
-
     args.modes = modes_for(args)
-    names = concurrent_names(parse_modes(args.modes), args.concurrency)
-    if args.concurrency > 1 and args.workload != "game24":
+    names, levels = mode_names(args)
+    if max(levels) > 1 and args.workload != "game24":
         raise UsageError(
             f"--concurrency runs searches at once: the game24 workload has them, {args.workload} does not"
         )

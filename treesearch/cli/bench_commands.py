@@ -38,15 +38,14 @@ def run_subcommand(name: str, argv: list[str]) -> int:
 
 def check_bench(argv: list[str]) -> argparse.Namespace:
     """`treesearch bench`'s arguments parsed and checked as `treesearch.cli.bench.main` reads them."""
-    from treesearch.bench.modes import parse_modes
-    from treesearch.cli.bench import build_parser, modes_for, parse_range
+    from treesearch.cli.bench import build_parser, mode_names, parse_range
     from treesearch.cli.checks import check_flags, check_model_flags
 
     parser = build_subparser(argv[0]) if argv and argv[0] in SUBCOMMANDS else build_parser()
     args = parser.parse_args(argv[1:] if argv and argv[0] in SUBCOMMANDS else argv)
     check_flags(args)
     if hasattr(args, "workload"):
-        parse_modes(modes_for(args))
+        mode_names(args)  # --modes, --concurrency, --budgets, --eviction
         parse_range(args.rows, args.workload)
     if getattr(args, "workload", None) in ("tree", "paraphrase") and args.task not in (None, "gsm8k"):
         raise UsageError(
