@@ -16,6 +16,9 @@ Definitions (all from the recorded counters and wall times):
   equal to nokv's (exact's when nokv did not run), compared position by position (a missing
   decision counts as a disagreement); `agreement_reference` names the mode compared against.
 - inputs_per_hour = items * 3600 / wall_s.
+- server_times (server modes): the client's HTTP round trips over the run, the time outside them
+  (outside_s, outside_share of wall_s, outside_per_request_ms) and llama.cpp's summed `timings`
+  (`treesearch.backends.request_clock`); None for the local modes.
 hf-cb only replays generation, so its row has wall time and token counts of the replay; the replay
 table compares it with our engine (exact) on the same requests.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from treesearch.bench.engines import server_times_lines
 from treesearch.bench.runner import BenchRuns
 
 FIELDS = (
@@ -127,6 +131,7 @@ def build(runs: BenchRuns, meta: dict) -> dict:
         entry["counters_stable"] = all(r.stats == last.stats for r in mr.runs)
         entry["decisions_total"] = len(last.decisions)
         entry["decisions"] = list(last.decisions)
+        entry["server_times"] = last.server  # server mode: client and llama.cpp times (bench.engines)
         modes[name] = entry
         decisions[name] = last.decisions
     base, ex = modes.get("nokv"), modes.get("exact")
@@ -275,6 +280,7 @@ def markdown(doc: dict) -> str:
                 for n, e in asks
             ),
         ]
+    lines += server_times_lines(doc["modes"])
     notes = [(n, t) for n, e in doc["modes"].items() for t in e["notes"]]
     if notes:
         lines += ["", "Notes:"] + [f"- {n}: {t}" for n, t in notes]

@@ -46,6 +46,7 @@ class RunResult:
     requests: list[list[list[str]]] = field(default_factory=list)  # item -> generate call -> prompts
     max_new_tokens: int = 0
     notes: list[str] = field(default_factory=list)
+    server: dict | None = None  # server mode: client times over the run (`bench.engines.timed_run`)
 
     def add_stats(self, stats: dict) -> None:
         """Sum counters over items; peak KV is the maximum (each item's search counts its own). The

@@ -228,7 +228,8 @@ def _converted_default_folder() -> Path:
 def default_f32_gguf_path() -> Path:
     """Where `make gguf-f32` (scripts/gguf-f32) writes the default model as a float32 GGUF made by
     llama.cpp's converter from the converted folder (named, like it, for the shipped file's size)."""
-    return cache_dir() / "models" / "gguf" / f"{DEFAULT_MODEL_NAME}-{default_gguf_path().stat().st_size}.f32.gguf"
+    size = default_gguf_path().stat().st_size
+    return cache_dir() / "models" / "gguf" / f"{DEFAULT_MODEL_NAME}-{size}.f32.gguf"
 
 
 def _converted_folder(gguf: Path, name: str) -> Path:
