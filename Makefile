@@ -117,7 +117,7 @@ $(LLAMA_CONVERTER):
 	rm -rf $(LLAMA_CONVERT_DIR)/src
 
 bench-llama-server: setup llama-server $(if $(filter f32,$(PRECISION)),gguf-f32)
-	scripts/bench-llama-server $(PRECISION) $(BENCH_ARGS)
+	PY=$(abspath $(PY)) scripts/bench-llama-server $(PRECISION) $(BENCH_ARGS)
 
 demo: setup
 	$(VENV)/bin/treesearch solve game24 "$(PUZZLE)"
