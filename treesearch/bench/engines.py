@@ -38,8 +38,8 @@ def server_notes(backend: Any) -> list[str]:
         f"ServerEngine {backend.base_url} model {backend.model}: one HTTP request per row, at most "
         f"{backend.max_concurrency} at a time",
         "server counters from usage: prefill = prompt - cached tokens, reused = cached tokens (0 where the "
-        "server does not report them, e.g. llama.cpp), decode = completion tokens - rows; no unique tokens "
-        "or KV bytes",
+        "server does not report them, e.g. llama-cpp-python), decode = completion tokens - rows; no unique "
+        "tokens or KV bytes",
         "sampled decisions (temperature > 0) differ from ours by RNG, not by model: compare agreement on "
         "greedy workloads (game24)",
     ]
