@@ -37,7 +37,18 @@ LLAMA_SERVER_JOBS ?= 2
 LLAMA_SERVER_DIR ?= $(HOME)/.cache/treesearch/llama-server/$(shell printf '%s' '$(LLAMA_CPP) $(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS)' | md5sum | cut -c1-12)
 LLAMA_SERVER := $(LLAMA_SERVER_DIR)/llama-server
 
-.PHONY: setup demo test bench clean models test-model llama-server
+# The default model as a float32 GGUF (scripts/gguf-f32), made by llama.cpp's own convert_hf_to_gguf.py
+# from the dequantized folder treesearch converts the shipped Q4_1 file into: llama-server at our
+# engine's precision. The converter (with its conversion/ and gguf-py/) comes from the same
+# llama-cpp-python source archive as llama-server, kept once per range in LLAMA_CONVERT_DIR.
+LLAMA_CONVERT_DIR ?= $(HOME)/.cache/treesearch/llama-convert/$(shell printf '%s' '$(LLAMA_CPP)' | md5sum | cut -c1-12)
+LLAMA_CONVERTER := $(LLAMA_CONVERT_DIR)/convert_hf_to_gguf.py
+
+# llama-server beside our engine in one bench run (scripts/bench-llama-server): PRECISION=q4_1 serves
+# the shipped GGUF, PRECISION=f32 the file of `make gguf-f32`; BENCH_ARGS replaces the bench's arguments.
+PRECISION ?= q4_1
+
+.PHONY: setup demo test bench clean models test-model llama-server gguf-f32 bench-llama-server
 setup: $(VENV)/.treesearch-installed
 
 $(VENV)/.treesearch-installed: pyproject.toml
@@ -89,6 +100,25 @@ $(LLAMA_SERVER):
 	rm -rf $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/build
 	mv $@.tmp $@
 
+gguf-f32: setup $(LLAMA_CONVERTER)
+	$(PY) scripts/gguf-f32 --converter $(LLAMA_CONVERTER)
+
+$(LLAMA_CONVERTER):
+	@echo "gguf-f32: downloading the llama-cpp-python$(LLAMA_CPP) source archive for convert_hf_to_gguf.py"
+	rm -rf $(LLAMA_CONVERT_DIR)/src && mkdir -p $(LLAMA_CONVERT_DIR)/src
+	$(PYTHON) -m pip download -q --no-deps --no-binary :all: -d $(LLAMA_CONVERT_DIR)/src "llama-cpp-python$(LLAMA_CPP)"
+	tar xzf $(LLAMA_CONVERT_DIR)/src/llama_cpp_python-*.tar.gz -C $(LLAMA_CONVERT_DIR)/src --wildcards \
+	  '*/vendor/llama.cpp/convert_hf_to_gguf.py' '*/vendor/llama.cpp/conversion/*' '*/vendor/llama.cpp/gguf-py/*'
+	rm -rf $(LLAMA_CONVERT_DIR)/conversion $(LLAMA_CONVERT_DIR)/gguf-py
+	mv $(LLAMA_CONVERT_DIR)/src/llama_cpp_python-*/vendor/llama.cpp/conversion $(LLAMA_CONVERT_DIR)/
+	mv $(LLAMA_CONVERT_DIR)/src/llama_cpp_python-*/vendor/llama.cpp/gguf-py $(LLAMA_CONVERT_DIR)/
+	ls $(LLAMA_CONVERT_DIR)/src/llama_cpp_python-*.tar.gz | sed 's|.*/||' > $(LLAMA_CONVERT_DIR)/source.txt
+	mv $(LLAMA_CONVERT_DIR)/src/llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py $@
+	rm -rf $(LLAMA_CONVERT_DIR)/src
+
+bench-llama-server: setup llama-server $(if $(filter f32,$(PRECISION)),gguf-f32)
+	PY=$(abspath $(PY)) scripts/bench-llama-server $(PRECISION) $(BENCH_ARGS)
+
 demo: setup
 	$(VENV)/bin/treesearch solve game24 "$(PUZZLE)"
 
@@ -101,7 +131,7 @@ test-model: setup
 	@echo "setup: installing $(TEST_MODEL) for the real Qwen2 test (491 MB from PyPI, once)"
 	$(PY) -m treesearch models install $(TEST_MODEL)
 
-test: $(VENV)/.treesearch-test-installed test-model llama-server
+test: $(VENV)/.treesearch-test-installed test-model llama-server gguf-f32
 	$(PY) -m ruff check treesearch strategies tests examples
 	$(PY) -m ruff format --check treesearch strategies tests examples notebooks/execute.py
 	$(PY) -m mypy

@@ -109,3 +109,30 @@ def test_make_test_builds_llama_server_before_running_the_tests(tmp_path):
     cache = tmp_path / "ls"
     text = make_n("test", f"VENV={tmp_path / 'venv'}", f"LLAMA_SERVER_DIR={cache}")
     assert text.index(f"cmake --build {cache}/build --target llama-server") < text.index("-m pytest -q")
+
+
+def test_gguf_f32_takes_llama_cpps_converter_from_the_sdist_and_runs_it_once(tmp_path):
+    conv = tmp_path / "conv"
+    text = make_n("gguf-f32", f"VENV={tmp_path / 'venv'}", f"LLAMA_CONVERT_DIR={conv}")
+    assert (
+        f'-m pip download -q --no-deps --no-binary :all: -d {conv}/src "llama-cpp-python>=0.3.36,<0.4"'
+        in text
+    )
+    assert "'*/vendor/llama.cpp/convert_hf_to_gguf.py' '*/vendor/llama.cpp/conversion/*'" in text
+    assert f"{tmp_path / 'venv'}/bin/python scripts/gguf-f32 --converter {conv}/convert_hf_to_gguf.py" in text
+    (conv / "convert_hf_to_gguf.py").parent.mkdir()
+    (conv / "convert_hf_to_gguf.py").write_text("")
+    again = make_n("gguf-f32", f"VENV={tmp_path / 'venv'}", f"LLAMA_CONVERT_DIR={conv}")
+    assert (
+        "pip download" not in again and "scripts/gguf-f32 --converter" in again
+    )  # the script keeps a made file
+
+
+def test_make_test_makes_the_f32_gguf_and_the_f32_bench_needs_it(tmp_path):
+    conv, venv = tmp_path / "conv", f"VENV={tmp_path / 'venv'}"
+    text = make_n("test", venv, f"LLAMA_CONVERT_DIR={conv}", f"LLAMA_SERVER_DIR={tmp_path / 'ls'}")
+    assert text.index("scripts/gguf-f32 --converter") < text.index("-m pytest -q")
+    f32 = make_n("bench-llama-server", "PRECISION=f32", venv, f"LLAMA_CONVERT_DIR={conv}")
+    assert f32.index("scripts/gguf-f32") < f32.index("scripts/bench-llama-server f32")
+    q4 = make_n("bench-llama-server", venv, f"LLAMA_CONVERT_DIR={conv}")
+    assert "scripts/gguf-f32" not in q4 and "scripts/bench-llama-server q4_1" in q4

@@ -65,18 +65,20 @@ class LlamaServer:
 
 
 @contextmanager
-def running_llama_server(log: Path, *, parallel: int) -> Iterator[LlamaServer]:
-    """llama-server with the default GGUF on a free 127.0.0.1 port, `parallel` slots sharing one
-    4096-token KV cache, one thread (llama.cpp's OpenMP barriers spin: more threads than free cores
+def running_llama_server(
+    log: Path, *, parallel: int, gguf: Path | None = None, alias: str = ALIAS
+) -> Iterator[LlamaServer]:
+    """llama-server with the default GGUF (or `gguf`) on a free 127.0.0.1 port, `parallel` slots sharing
+    one 4096-token KV cache, one thread (llama.cpp's OpenMP barriers spin: more threads than free cores
     slow it down badly on a busy machine); killed on exit."""
     binary = llama_server_binary()
     if binary is None:
         pytest.skip(
             f"llama-server is not built: run `make llama-server` (or set {ENV}=/path/to/llama-server)"
         )
-    gguf = default_gguf_or_skip()
+    gguf = gguf or default_gguf_or_skip()
     port = free_port()
-    cmd = [str(binary), "-m", str(gguf), "-a", ALIAS, "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [str(binary), "-m", str(gguf), "-a", alias, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["-c", "4096", "-np", str(parallel), "-kvu", "-t", "1", "-tb", "1", "--no-webui"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -208,6 +210,49 @@ def test_cached_token_counts_are_read_where_llama_server_reports_them(server):
     )
     assert eng.stats.reused_tokens == sum(s.reused_tokens for s in scores)
     assert eng.stats.prefill_tokens + eng.stats.reused_tokens == total
+
+
+def test_llama_servers_own_timings_are_collected_and_match_its_token_counts(server):
+    """Each /v1/completions answer of llama-server carries `timings`: the client sums them, one per
+    request, with the prompt tokens it evaluated (its cache left out) and the tokens it generated
+    equal to what `usage` counts; the round trips are timed, each of them."""
+    from treesearch.tasks.game24 import LABELS, Game24
+
+    eng = ServerEngine(server.url, ALIAS, timeout=120, max_concurrency=4)
+    before = eng.times()
+    game = Game24()
+    state = game.initial_state("4 5 6 10")
+    eng.generate([game.expand_prompt(state)], Sampling(temperature=0.0, max_new_tokens=16))
+    eng.score(value_prompts(3), list(LABELS))
+    t = eng.times().since(before)
+    eng.close()
+    assert t.timed == eng.stats.model_calls == 4
+    assert t.predicted_n == eng.stats.generated_tokens
+    assert t.prompt_n == eng.stats.prefill_tokens  # usage's prompt tokens less the cached ones
+    assert t.prompt_ms > 0 and t.predicted_ms > 0
+    assert t.requests >= 4 and 0 < t.busy_s <= t.request_s
+
+
+@pytest.mark.real_model
+def test_the_float32_gguf_serves_in_llama_server_with_our_engines_greedy_text(tmp_path, real_lm):
+    """`make gguf-f32`'s file loads in llama-server as all-F32 weights, and a greedy continuation
+    from it is token for token the one our float32 engine decodes from the same weights."""
+    from treesearch.engine.local import Engine
+    from treesearch.models.load import default_f32_gguf_path
+
+    path = default_f32_gguf_path()
+    if not path.exists():
+        pytest.skip(f"{path} is absent: run `make gguf-f32`")
+    prompt = "The capital of France is"
+    greedy = Sampling(temperature=0.0, max_new_tokens=8)
+    ours = Engine(real_lm).generate([prompt], greedy)[0]
+    with running_llama_server(tmp_path / "server.log", parallel=1, gguf=path, alias="f32") as srv:
+        meta = httpx.get(srv.url + "/models", timeout=10).json()["data"][0]["meta"]
+        eng = ServerEngine(srv.url, "f32", timeout=120, max_concurrency=1)
+        theirs = eng.generate([prompt], greedy)[0]
+        eng.close()
+    assert meta["ftype"] == "all F32"
+    assert theirs.token_ids == list(ours.token_ids) and theirs.text == ours.text
 
 
 def test_llama_server_tokenizes_like_the_models_tokenizer(engine, tiny_lm):

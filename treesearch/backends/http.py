@@ -9,7 +9,8 @@ Retry policy (one place, so every request follows it):
 3. Any other HTTP error (400, 401, 404, 422, ...) is the caller's and is not retried.
 What finally fails raises `ServerError` naming the URL, what failed and what to check (a 400 that
 says the prompt is too long raises `ServerContextError`). The client is thread-safe (one
-`httpx.Client`, a pool of `max_connections` connections) so a thread pool can share it.
+`httpx.Client`, a pool of `max_connections` connections) so a thread pool can share it. Its `clock`
+times every attempt's round trip (`treesearch.backends.request_clock`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import logging
 import time
 from typing import Any
 
+from treesearch.backends.request_clock import RequestClock
 from treesearch.common.errors import ServerContextError, ServerError
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ class ServerClient:
         self.timeout = float(timeout)
         self.retries = int(retries)
         self.backoff = float(backoff)
+        self.clock = RequestClock()  # times every round trip (treesearch.backends.request_clock)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
             timeout=httpx.Timeout(self.timeout),
@@ -88,7 +91,8 @@ class ServerClient:
         for attempt in range(self.retries + 1):
             wait = min(self.backoff * 2**attempt, MAX_WAIT_S)
             try:
-                resp = self._client.request(method, url, json=body)
+                with self.clock.round_trip():
+                    resp = self._client.request(method, url, json=body)
             except httpx.ReadTimeout:
                 raise ServerError(
                     f"{method} {url}: no answer within {self.timeout:g} s (read timeout); the server "

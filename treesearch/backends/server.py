@@ -45,6 +45,8 @@ Counters (`stats`, from each answer's `usage`; one request = one model call):
   in the local engine); generated_tokens = usage.completion_tokens; unique_tokens and peak_kv_bytes 0.
 Features: none of `treesearch.backends.protocol.FEATURES` (no ASKS, CGEE Level 2, cache budgets or kv_map):
 `Searcher` refuses a config asking for one at once. `num_layers` = 1 (a score is one full pass).
+Times: `times()` gives the HTTP round trips' durations and llama.cpp's own `timings` (prompt and
+generation tokens and milliseconds, summed over answers), see `request_clock`.
 Answers are read in `treesearch.backends.completions`, tokens asked in `server_tokens`, the server
 identified in `server_models`; `request_pool` sends the requests of a call concurrently.
 """
@@ -59,6 +61,7 @@ from typing import Any
 from treesearch.backends import completions
 from treesearch.backends.completions import check_prompt, label_probs, token_char_offsets
 from treesearch.backends.protocol import Generation, Score
+from treesearch.backends.request_clock import ClientTimes
 from treesearch.backends.request_pool import RequestPool
 from treesearch.backends.server_models import (
     LLAMA_CPP_NEUTRAL,
@@ -334,8 +337,14 @@ class ServerEngine:
         pass
 
     # -- plumbing ------------------------------------------------------------------------------------
+    def times(self) -> ClientTimes:
+        """HTTP round trips so far and llama.cpp's summed `timings` (`request_clock`); never reset:
+        take the difference of two (`ClientTimes.since`) to time one run."""
+        return self.client.clock.snapshot()
+
     def _post_completion(self, body: dict) -> dict:
         _, data = self.client.post("/v1/completions", body)
+        self.client.clock.add_timings(data)
         if not isinstance(data, dict):
             raise ServerError(
                 f"POST {self.client.root}/v1/completions answered {str(data)[:200]!r}, not a completion; "

@@ -21,6 +21,9 @@ Definitions (all from the recorded counters and wall times):
   plus waiting generate rows, at most the engine's max rows).
 - runs: one record per engine mode run (mode, concurrency, budget_percent, eviction): see
   `treesearch.bench.sweep`.
+- server_times (server modes): the client's HTTP round trips over the run, the time outside them
+  (outside_s, outside_share of wall_s, outside_per_request_ms) and llama.cpp's summed `timings`
+  (`treesearch.backends.request_clock`); None for the local modes.
 hf-cb only replays generation, so its row has wall time and token counts of the replay; the replay
 table compares it with our engine (exact) on the same requests.
 """
@@ -32,6 +35,7 @@ from typing import Any
 
 from treesearch.bench import sweep
 from treesearch.bench.results import BATCH_FIELDS
+from treesearch.bench.engines import server_times_lines
 from treesearch.bench.runner import BenchRuns
 
 FIELDS = (
@@ -136,6 +140,7 @@ def build(runs: BenchRuns, meta: dict) -> dict:
         entry["decisions_total"] = len(last.decisions)
         entry["decisions"] = list(last.decisions)
         entry.update(_sweep_fields(mr.mode, last))
+        entry["server_times"] = last.server  # server mode: client and llama.cpp times (bench.engines)
         modes[name] = entry
         decisions[name] = last.decisions
     base, ex = modes.get("nokv"), modes.get("exact")
@@ -307,6 +312,7 @@ def markdown(doc: dict) -> str:
             ),
         ]
     lines += sweep.markdown(doc)
+    lines += server_times_lines(doc["modes"])
     notes = [(n, t) for n, e in doc["modes"].items() for t in e["notes"]]
     if notes:
         lines += ["", "Notes:"] + [f"- {n}: {t}" for n, t in notes]

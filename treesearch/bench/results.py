@@ -51,6 +51,7 @@ class RunResult:
     # the scheduler's batch fill over the run (BATCH_FIELDS; empty for workloads and backends without one):
     # kept apart from `stats` because it depends on thread timing and need not repeat exactly
     batch: dict = field(default_factory=dict)
+    server: dict | None = None  # server mode: client times over the run (`bench.engines.timed_run`)
 
     def add_stats(self, stats: dict) -> None:
         """Sum counters over items; peak KV is the maximum (each item's search counts its own). The

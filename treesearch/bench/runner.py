@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from treesearch.bench import hfcb
+from treesearch.bench.engines import timed_run
 from treesearch.bench.modes import ENGINE_MODES, Mode, base_name, make_mode
 from treesearch.bench.results import RunResult, Tick
 from treesearch.bench.workloads import Workload
@@ -142,7 +144,8 @@ def _run_mode(lm: LanguageModel, workload: Workload, mode: Mode, tick: Tick, ret
     assert config is not None  # hf-cb (no config) is replayed, never run here
     for attempt in range(retries + 1):
         try:
-            return workload.run(mode.backend or lm, config, tick, concurrency=mode.concurrency)
+            run = partial(workload.run, mode.backend or lm, config, tick, concurrency=mode.concurrency)
+            return timed_run(mode.backend, run)
         except CacheBudgetError:
             if config.cache_budget is None or attempt == retries:
                 raise

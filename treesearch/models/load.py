@@ -225,6 +225,13 @@ def _converted_default_folder() -> Path:
     return _converted_folder(default_gguf_path(), DEFAULT_MODEL_NAME)
 
 
+def default_f32_gguf_path() -> Path:
+    """Where `make gguf-f32` (scripts/gguf-f32) writes the default model as a float32 GGUF made by
+    llama.cpp's converter from the converted folder (named, like it, for the shipped file's size)."""
+    size = default_gguf_path().stat().st_size
+    return cache_dir() / "models" / "gguf" / f"{DEFAULT_MODEL_NAME}-{size}.f32.gguf"
+
+
 def _converted_folder(gguf: Path, name: str) -> Path:
     """Dequantise a GGUF file once into safetensors under cache_dir(); later loads take seconds.
     The folder is named for the model and the file's size, so a different file converts anew."""
