@@ -34,8 +34,8 @@ import statistics
 from typing import Any
 
 from treesearch.bench import sweep
-from treesearch.bench.results import BATCH_FIELDS
 from treesearch.bench.engines import server_times_lines
+from treesearch.bench.results import BATCH_FIELDS
 from treesearch.bench.runner import BenchRuns
 
 FIELDS = (
