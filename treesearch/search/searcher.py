@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from treesearch.backends.protocol import Backend, require_features
 from treesearch.common.config import RKSCConfig, Sampling
 from treesearch.common.errors import ResumeError
+from treesearch.core.cot import problem_for
 from treesearch.core.problem import Problem, check_problem
 from treesearch.core.tree import ThoughtTree
 from treesearch.models.model import LanguageModel
@@ -58,12 +59,13 @@ class Searcher:
         keep_cache: bool = True,
     ) -> None:
         check_problem_instance(problem)
-        check_problem(problem)
         if strategy is None:
             from strategies import BFS
 
             strategy = BFS()
         check_strategy(strategy)
+        problem = problem_for(strategy, problem)  # CoT: the task's chain-of-thought view
+        check_problem(problem)
         self.model = model
         self.problem = problem
         self.strategy = strategy
