@@ -199,13 +199,33 @@ def test_solve_strategy_cot_prints_the_two_node_tree(capsys):
     assert "score: 1 if the chain of thought's answer solves the task, else 0" in out
 
 
+def test_cot_many_at_once_gives_each_inputs_result_alone(tiny_lm):
+    from treesearch.tasks.game24 import load_puzzles
+
+    g, puzzles = Game24(cot_max_new_tokens=10), load_puzzles(900, 904)
+    alone = [Searcher(tiny_lm, g, CoT(), progress=False).solve(p) for p in puzzles]
+    many = list(Searcher(tiny_lm, g, CoT(), progress=False).solve_many(puzzles, concurrency=3))
+    assert [r.tree.node(0)["generation_ids"] for r in many] == [
+        r.tree.node(0)["generation_ids"] for r in alone
+    ]
+    assert [(r.answer, r.solved, len(r.tree)) for r in many] == [(r.answer, r.solved, 2) for r in alone]
+
+
 @pytest.mark.real_model
-def test_cot_on_the_default_model_runs_one_game24_row_end_to_end(real_lm):
+def test_cot_on_the_default_model_runs_one_game24_row_end_to_end(real_lm, tmp_path):
+    """One row through run's pipeline (results file and summary), 24 tokens of chain of thought."""
+    from treesearch.runs.results_file import ResultsFile, run_inputs
+
     g = Game24(cot_max_new_tokens=24)
-    result = Searcher(real_lm, g, CoT(), progress=False).solve("4 5 6 10")
-    assert len(result.tree) == 2 and result.status == "complete"
-    assert result.stats["generate_calls"] == 1 and 0 < result.stats["generated_tokens"] <= 24
+    searcher = Searcher(real_lm, g, CoT(), progress=False)
+    with ResultsFile(tmp_path / "cot.jsonl") as out:
+        summary = run_inputs(searcher, [(900, "4 5 6 10")], out, progress=False)
+    (row,) = [json.loads(line) for line in (tmp_path / "cot.jsonl").read_text().splitlines()]
+    assert row["status"] == "complete" and row["stats"]["generate_calls"] == 1
+    assert 0 < row["stats"]["generated_tokens"] <= 24
+    assert summary.searched == 1 and summary.solved == int(row["solved"])
+    result = searcher.solve("4 5 6 10")  # the same greedy generation, to read its tree
     (text,) = result.tree.node(0)["generations"]
-    root = result.tree.node(0)["state"]
-    assert result.tree.node(1)["state"] == g.parse_cot(root, text)
-    assert result.solved is g.is_solved(result.tree.node(1)["state"])
+    state = g.parse_cot(result.tree.node(0)["state"], text)
+    assert result.tree.node(1)["state"] == state and row["answer"] == g.answer(state)
+    assert row["solved"] is g.is_solved(state)
