@@ -43,6 +43,9 @@ class Searcher:
     """Solve a `Problem` with a strategy (default BFS) and a language model: a local
     `LanguageModel` (run by a local `Engine`) or any `treesearch.backends.protocol.Backend` (e.g. a server).
 
+    A strategy with `problem_for(problem)` searches the view of the problem it gives (`strategies.CoT`:
+    the task's chain of thought, `treesearch.core.cot`); `searcher.problem` is that view.
+
     keep_cache (default True): later solve() calls start with the K/V of the last search's prompts
     (few-shot templates), so a test set computes them once; results are the same without it."""
 
