@@ -5,15 +5,24 @@ an interrupted run of itself. (The command line's `--strategy` names: `treesearc
 
 from __future__ import annotations
 
-from .base import Strategy, best_by_score, depth_limit, evaluate_once, expand_once, is_expanded
+from .base import (
+    Strategy,
+    best_by_score,
+    depth_limit,
+    evaluate_once,
+    expand_once,
+    is_expanded,
+)
 from .beam import Beam
 from .bfs import BFS
+from .cot import CoT
 from .dfs import DFS
 from .mcts import MCTS
 
 __all__ = [
     "BFS",
     "Beam",
+    "CoT",
     "DFS",
     "MCTS",
     "Strategy",

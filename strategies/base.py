@@ -16,7 +16,9 @@ kept on the nodes too (`visits`, `value_sum`). Running a strategy again on its f
 changes nothing.
 
 A new strategy is one small file: a keyword-only dataclass of settings with a `run(searcher)`
-method that uses the helpers below.
+method that uses the helpers below. A strategy that needs its own view of the problem (`CoT`: one
+prompt, one generation) also defines `problem_for(problem)`, which the Searcher applies
+(`treesearch.core.cot.problem_for`).
 """
 
 from __future__ import annotations

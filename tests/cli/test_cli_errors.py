@@ -49,7 +49,7 @@ ERRORS = [
     ),
     (
         ["solve", "game24", "4 5 6 10", "--strategy", "greedy"],
-        "unknown strategy 'greedy'; choose from beam, bfs, dfs, mcts",
+        "unknown strategy 'greedy'; choose from beam, bfs, cot, dfs, mcts",
     ),
     (["solve", "chess", "e4"], "unknown task 'chess'; choose from game24, gsm8k"),
     (["solve", "game24", "4 5 6 10", "--top-p", "0"], "--top-p 0: use a value in (0, 1], such as 0.95"),
@@ -177,7 +177,10 @@ def test_solve_help_lists_every_registered_task(monkeypatch, capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert "task name: game24, gsm8k, sudoku" in help_text
     assert "--threads N torch CPU threads for the run" in help_text
-    assert "--strategy STRATEGY one of beam, bfs, dfs, mcts (default bfs)" in help_text
+    assert (
+        "--strategy STRATEGY one of beam, bfs, cot, dfs, mcts (default bfs; cot: one chain-of-thought "
+        "generation, no search)" in help_text
+    )
 
 
 def test_greedy_gsm8k_on_the_command_line_warns_in_one_line(loads, capsys):

@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def test_help_does_not_import_torch():
     code = (
@@ -87,3 +89,17 @@ def test_solve_interrupted_by_ctrl_c_saves_the_partial_search_and_resume_finishe
         full["tree"]["nodes"], resumed["tree"]["nodes"]
     ):  # scores equal up to float reassociation
         assert (a["score"] is None and b["score"] is None) or abs(a["score"] - b["score"]) <= 1e-4
+
+
+@pytest.mark.parametrize("command", ["calibrate", "bench"])
+def test_a_handed_over_command_interrupted_by_ctrl_c_says_so_in_one_line(command, monkeypatch, capsys):
+    """Ctrl-C (KeyboardInterrupt in the main thread) anywhere in bench or calibrate: exit 130, one
+    line on stderr, no traceback."""
+    from treesearch.cli import main as cli
+
+    def ctrl_c(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.HANDED_OVER, command, ctrl_c)
+    assert cli.main([command, "--model", "tiny"]) == 130
+    assert capsys.readouterr().err == f"treesearch: {command} interrupted\n"

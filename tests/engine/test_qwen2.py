@@ -200,3 +200,14 @@ def test_real_qwen_coder_05b_exact_sharing_and_the_fast_step_are_lossless(qwen_0
     assert_lossless({mode: out[mode, True][:3] for mode in ("off", "exact")})
     assert out["exact", True][2].prefill_tokens < out["off", True][2].prefill_tokens / 2
     assert_same({fast: (out["exact", fast][0], out["exact", fast][3]) for fast in (False, True)})
+
+
+@pytest.mark.real_model
+def test_real_qwen_coder_05b_ends_on_im_end_and_on_endoftext(qwen_05b):
+    """Its GGUF config names only <|im_end|> (151645) as EOS; <|endoftext|> (151643, Qwen2.5's end of
+    document) is added by its `KnownModel.end_tokens`."""
+    from treesearch.engine.eos import eos_token_ids
+
+    tok = qwen_05b.tokenizer
+    assert tok.convert_ids_to_tokens([151643, 151645]) == ["<|endoftext|>", "<|im_end|>"]
+    assert eos_token_ids(qwen_05b.model, tok) == {151643, 151645}

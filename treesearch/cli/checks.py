@@ -11,6 +11,7 @@ The checks are small functions over plain values or an argparse namespace, so ev
     check_task_input(problem, args.task, x)    # Problem.check_input: "1 2 3" is not a Game of 24 puzzle
     check_flags(args)                          # --breadth -2, --temperature -1, --threads 0 ...
     strategy = search_strategy(args)           # unknown --strategy, settings the strategy refuses
+    problem = strategy_problem(strategy, problem)  # --strategy cot: the task's chain-of-thought view
     sampling = search_sampling(args, problem)  # the task's sampling with --temperature / --top-p / --seed
     check_model_flags(args)                    # --model (folder, cached id, 'tiny', default), --dtype
 
@@ -31,6 +32,7 @@ from treesearch.common.errors import (
     ModelNotFoundError,
     ModelNotInstalledError,
     ParseError,
+    ProblemDefinitionError,
     SaveFileError,
     UsageError,
 )
@@ -149,6 +151,17 @@ def search_strategy(args: argparse.Namespace) -> Any:
         raise UsageError(f"--strategy {name}: {one_line(exc)}") from None
 
 
+def strategy_problem(strategy: Any, problem: Problem) -> Problem:
+    """The problem the strategy searches (`treesearch.core.cot.problem_for`; --strategy cot: the task's
+    chain-of-thought view, whose sampling the flags then adjust)."""
+    from treesearch.core.cot import problem_for
+
+    try:
+        return problem_for(strategy, problem)
+    except ProblemDefinitionError as exc:
+        raise UsageError(f"--strategy {type(strategy).__name__.lower()}: {one_line(exc)}") from None
+
+
 def search_sampling(args: argparse.Namespace, problem: Problem) -> Sampling:
     """The task's sampling, with --temperature and --top-p where given and the seed of --seed."""
     base = problem.sampling
@@ -221,6 +234,7 @@ def check_solve(args: argparse.Namespace) -> SolvePlan:
     check_task_input(problem, args.task, args.input)
     check_flags(args)
     strategy = search_strategy(args)
+    problem = strategy_problem(strategy, problem)
     sampling = search_sampling(args, problem)
     config = search_config(args)
     if args.resume is not None:
@@ -234,6 +248,7 @@ def check_run(args: argparse.Namespace) -> SolvePlan:
     problem = task_problem(args.task)
     check_flags(args)
     strategy = search_strategy(args)
+    problem = strategy_problem(strategy, problem)
     sampling = search_sampling(args, problem)
     config = search_config(args)
     check_model_flags(args)

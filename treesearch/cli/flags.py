@@ -104,7 +104,12 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cgee-measure", action="store_true", help="run every verification both ways and count disagreements"
     )
-    p.add_argument("--strategy", default="bfs", help=f"one of {', '.join(strategy_names())} (default bfs)")
+    p.add_argument(
+        "--strategy",
+        default="bfs",
+        help=f"one of {', '.join(strategy_names())} (default bfs; cot: one chain-of-thought generation, "
+        "no search)",
+    )
     p.add_argument("--breadth", type=int, default=5, help="BFS/beam: states kept per step (default 5)")
     p.add_argument("--depth", type=int, default=None, help="depth limit (default: the task's)")
     p.add_argument(

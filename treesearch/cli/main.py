@@ -217,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         warnings.showwarning = _one_line_warnings(warnings.showwarning)
         try:
             if argv[:1] and argv[0] in HANDED_OVER:
-                return HANDED_OVER[argv[0]](argv[1:])
+                try:
+                    return HANDED_OVER[argv[0]](argv[1:])
+                except KeyboardInterrupt:  # Ctrl-C in bench, calibrate or models: one line, no traceback
+                    print(f"treesearch: {argv[0]} interrupted", file=sys.stderr)
+                    return 130
             args = build_parser().parse_args(argv)
             if args.command == "run":
                 from treesearch.cli.run import cmd_run

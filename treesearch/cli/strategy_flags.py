@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from strategies import BFS, DFS, MCTS, Beam, Strategy
+from strategies import BFS, DFS, MCTS, Beam, CoT, Strategy
 
 
 def _given(value: Any, default: Any) -> Any:
@@ -40,10 +40,15 @@ def _dfs(a: argparse.Namespace) -> DFS:
     return DFS(threshold=a.threshold, max_states=_given(a.max_states, DFS.max_states), max_depth=a.depth)
 
 
+def _cot(a: argparse.Namespace) -> CoT:
+    return CoT()  # one generation: no search flag applies (--temperature / --seed set its sampling)
+
+
 # --strategy name -> the strategy built from the parsed search flags
 STRATEGIES: dict[str, Callable[[argparse.Namespace], Strategy]] = {
     "bfs": _bfs,
     "beam": _beam,
     "mcts": _mcts,
     "dfs": _dfs,
+    "cot": _cot,
 }

@@ -19,6 +19,9 @@ Contract (each method is called by the `Searcher`, never by strategies directly)
 - `score_legend()`: what a node's score means, for the tree views' legends (default: from
   `value_range` and `labels`).
 - `value_range`: (low, high) that every value must fall in; NaN or out-of-range values raise.
+- Chain of thought (optional, for the one-shot baseline `strategies.CoT`): `cot_prompt(state)`,
+  a prompt whose one continuation reasons to an answer; `parse_cot(state, text)`, the state that
+  continuation's answer gives; `cot_sampling`, how that continuation is generated.
 """
 
 from __future__ import annotations
@@ -92,6 +95,18 @@ class Problem:
         "uses 12 and 9, which the puzzle does not have"); None when it is one, or when the problem
         gives no reason (the default)."""
         return None
+
+    cot_sampling: Sampling = Sampling(max_new_tokens=256, stop=("\n\n",))
+
+    def cot_prompt(self, state: Any) -> str | None:
+        """A chain-of-thought prompt for `state`: one generation after it works through the task
+        and states the answer (`strategies.CoT`); None (the default) when the problem has none."""
+        return None
+
+    def parse_cot(self, state: Any, text: str) -> Any:
+        """The state that the chain of thought `text` (generated after `cot_prompt(state)`) ends
+        in: the answer it states, read by the task's own parser (the text is data, never run)."""
+        raise NotImplementedError
 
     def score_legend(self) -> str:
         """What a node's score is, one line for the tree views' legends. The default reads

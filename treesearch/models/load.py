@@ -83,12 +83,31 @@ def load_model(name: str | None = None, device: str | None = None, dtype: Any = 
     if name is None or name == DEFAULT_MODEL_NAME:
         folder = _converted_default_folder()
         lm = _from_folder(folder, DEFAULT_MODEL_NAME, device, dtype)
-    elif registry.known(name) is not None:
+    elif (known := registry.known(name)) is not None:
         folder = _converted_folder(registry.installed_path(name), name)
         lm = _from_folder(folder, name, device, dtype)
+        add_end_tokens(lm, known.end_tokens)
     else:
         lm = _from_folder(name, name, device, dtype)
     return lm
+
+
+def add_end_tokens(lm: LanguageModel, tokens: tuple[str, ...]) -> None:
+    """Make each of `tokens` end a generation too: its id joins the model's generation config's EOS
+    ids (what `treesearch.engine.eos.eos_token_ids` reads). A token the tokenizer lacks is refused."""
+    if not tokens:
+        return
+    tok = lm.tokenizer
+    ids = []
+    for t in tokens:
+        i = tok.convert_tokens_to_ids(t)
+        if not isinstance(i, int) or tok.convert_ids_to_tokens(i) != t:  # an unknown token gives unk's id
+            raise ValueError(f"{lm.name}: end token {t!r} is not a token of its tokenizer")
+        ids.append(i)
+    cfg = lm.model.generation_config
+    eos = cfg.eos_token_id
+    have = [eos] if isinstance(eos, int) else list(eos or [])
+    cfg.eos_token_id = have + [i for i in ids if i not in have]
 
 
 def check_model(name: str | Path | None) -> None:

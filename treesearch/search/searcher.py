@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from treesearch.backends.protocol import Backend, require_features
 from treesearch.common.config import RKSCConfig, Sampling
 from treesearch.common.errors import ResumeError
+from treesearch.core.cot import problem_for
 from treesearch.core.problem import Problem, check_problem
 from treesearch.core.tree import ThoughtTree
 from treesearch.models.model import LanguageModel
@@ -42,6 +43,9 @@ class Searcher:
     """Solve a `Problem` with a strategy (default BFS) and a language model: a local
     `LanguageModel` (run by a local `Engine`) or any `treesearch.backends.protocol.Backend` (e.g. a server).
 
+    A strategy with `problem_for(problem)` searches the view of the problem it gives (`strategies.CoT`:
+    the task's chain of thought, `treesearch.core.cot`); `searcher.problem` is that view.
+
     keep_cache (default True): later solve() calls start with the K/V of the last search's prompts
     (few-shot templates), so a test set computes them once; results are the same without it."""
 
@@ -58,12 +62,13 @@ class Searcher:
         keep_cache: bool = True,
     ) -> None:
         check_problem_instance(problem)
-        check_problem(problem)
         if strategy is None:
             from strategies import BFS
 
             strategy = BFS()
         check_strategy(strategy)
+        problem = problem_for(strategy, problem)  # CoT: the task's chain-of-thought view
+        check_problem(problem)
         self.model = model
         self.problem = problem
         self.strategy = strategy

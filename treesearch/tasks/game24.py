@@ -9,6 +9,8 @@
   sure / likely / impossible weighted 20 / 1 / 0.001 (expected weight from one forward pass), or
   the original protocol's 3 sampled judgements (`value_mode="sampled"`). A final answer is valued
   by the exact checker: 20 if correct, 0.001 if not.
+- Chain of thought (the ToT paper's baseline, `strategies.CoT`): a few-shot prompt of worked
+  steps ending in "Answer: <expression> = 24"; the first answer line is the answer.
 - The answer checker parses numbers, + - * / and parentheses (`treesearch.tasks.arith`) and
   accepts only expressions that use exactly the four input numbers, each once, and equal 24;
   `answer_rejection` says which check an answer failed.
@@ -80,9 +82,45 @@ Steps:
 {steps}
 Answer:"""  # noqa: E501  (prompt text: the model sees these lines as they are)
 
+COT_PROMPT = """Make 24 from the four input numbers with + - * /, using each number exactly once. Work one step at a time: each step combines two of the numbers left into a new one. Then write the whole calculation as one expression.
+Input: 1 1 1 8
+Steps:
+1 + 1 = 2 (left: 1 2 8)
+2 + 1 = 3 (left: 3 8)
+3 * 8 = 24 (left: 24)
+Answer: (1 + 1 + 1) * 8 = 24
+Input: 5 5 10 13
+Steps:
+5 / 5 = 1 (left: 1 10 13)
+10 + 13 = 23 (left: 1 23)
+23 + 1 = 24 (left: 24)
+Answer: (10 + 13) + 5 / 5 = 24
+Input: 3 4 6 12
+Steps:
+12 / 6 = 2 (left: 2 3 4)
+3 * 4 = 12 (left: 2 12)
+2 * 12 = 24 (left: 24)
+Answer: (12 / 6) * (3 * 4) = 24
+Input: 1 4 4 10
+Steps:
+10 - 4 = 6 (left: 1 4 6)
+4 * 6 = 24 (left: 1 24)
+24 * 1 = 24 (left: 24)
+Answer: (10 - 4) * 4 * 1 = 24
+Input: 2 12 12 12
+Steps:
+2 + 12 = 14 (left: 12 12 14)
+14 - 12 = 2 (left: 2 12)
+2 * 12 = 24 (left: 24)
+Answer: (2 + 12 - 12) * 12 = 24
+Input: {puzzle}
+Steps:
+"""  # noqa: E501  (prompt text: the model sees these lines as they are)
+
 LABELS = {" sure": 20.0, " likely": 1.0, " impossible": 0.001}
 _NUM = r"(\d+(?:\.\d+)?(?:/\d+)?)"
 _MOVE = re.compile(rf"^\s*{_NUM}\s*([+\-*/×x÷])\s*{_NUM}\s*=")
+_COT_ANSWER = re.compile(r"^\s*Answer:(.*)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -196,16 +234,20 @@ class Game24(Problem):
         propose_prompt: str = PROPOSE_PROMPT,
         value_prompt: str = VALUE_PROMPT,
         answer_prompt: str = ANSWER_PROMPT,
+        cot_prompt: str = COT_PROMPT,
         value_mode: str = "label",
         max_new_tokens: int = 96,
+        cot_max_new_tokens: int = 128,
     ) -> None:
         if value_mode not in ("label", "sampled"):
             raise ValueError(f"value_mode={value_mode!r}; use 'label' (one scoring pass) or 'sampled'")
         self.propose_template = propose_prompt
         self.value_template = value_prompt
         self.answer_template = answer_prompt
+        self.cot_template = cot_prompt
         self.value_mode = value_mode
         self.sampling = Sampling(max_new_tokens=max_new_tokens, stop=("\nNumbers:", "\n\n", "Input:"))
+        self.cot_sampling = Sampling(max_new_tokens=cot_max_new_tokens, stop=("\nInput:", "\n\n"))
 
     def check_input(self, x) -> None:
         """Four whole numbers, as text ("4 5 6 10") or a sequence; ParseError otherwise."""
@@ -266,6 +308,18 @@ class Game24(Problem):
                 )
             pos += len(raw)
         return children
+
+    def cot_prompt(self, state: Game24State) -> str:
+        """The few-shot chain of thought of the ToT paper's baseline (our examples): the steps,
+        then "Answer: <expression> = 24"."""
+        return self.cot_template.format(puzzle=" ".join(map(str, state.puzzle)))
+
+    def parse_cot(self, state: Game24State, text: str) -> Game24State:
+        """The state of the chain of thought's first "Answer:" line (its expression, checked by
+        `is_solved`); the root state itself when the text has no answer line."""
+        m = _COT_ANSWER.search(text)
+        expr = m.group(1).split("=")[0].strip() if m else ""
+        return Game24State(puzzle=state.puzzle, numbers=state.numbers, answer=expr) if expr else state
 
     def value_prompt(self, state: Game24State) -> str:
         return self.value_template.format(numbers=state.numbers_text())

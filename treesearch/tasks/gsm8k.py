@@ -6,6 +6,8 @@ included) and computes only the new step.
   next line (sampled, `samples_per_expand` children per node).
 - value: the same context followed by a yes/no question about the last step, scored at the next
   token (labels " yes" / " no" weighted 1 / 0), so the value pass also reuses the context's K/V.
+- chain of thought (`strategies.CoT`): one worked example, then one greedy generation that
+  reasons step by step to "The answer is N".
 - a step containing "The answer is N" ends the branch; `extract_number` reads N without evaluating
   anything (a regular expression over the text).
 """
@@ -27,6 +29,11 @@ Step: After selling, 36 - 20 = 16 muffins are left.
 Step: The answer is 16.
 Question: {question}
 """  # noqa: E501  (prompt text: the model sees these lines as they are)
+COT_PROMPT = """Solve the math word problem. Think step by step, then finish with "The answer is N."
+Question: A library has 4 shelves with 25 books each. It lends out 30 books and gets 12 back. How many books are on the shelves?
+Answer: The shelves hold 4 * 25 = 100 books. After lending 30, 100 - 30 = 70 are left. With 12 returned, 70 + 12 = 82. The answer is 82.
+Question: {question}
+Answer:"""  # noqa: E501  (prompt text: the model sees these lines as they are)
 STEP = "Step:"
 VALUE_SUFFIX = "\nIs the last step correct? Reply yes or no.\nReply:"
 LABELS = {" yes": 1.0, " no": 0.0}
@@ -81,8 +88,12 @@ class GSM8K(Problem):
         max_steps: int = 6,
         temperature: float = 0.7,
         max_new_tokens: int = 48,
+        cot_prompt: str = COT_PROMPT,
+        cot_max_new_tokens: int = 256,
     ) -> None:
         self.template = prompt
+        self.cot_template = cot_prompt
+        self.cot_sampling = Sampling(max_new_tokens=cot_max_new_tokens, stop=("\nQuestion:", "\n\n"))
         self.samples_per_expand = samples_per_expand
         self.max_depth = max_steps
         self.sampling = Sampling(
@@ -130,6 +141,17 @@ class GSM8K(Problem):
                 ),
             )
         ]
+
+    def cot_prompt(self, state: GSM8KState) -> str:
+        """One worked example, then the question: the model reasons step by step and ends with
+        "The answer is N" (greedy, one generation: the chain-of-thought baseline)."""
+        return self.cot_template.format(question=state.question)
+
+    def parse_cot(self, state: GSM8KState, text: str) -> GSM8KState:
+        """The chain of thought's lines as steps and its answer by `extract_number` (the number
+        after "answer is", else the last number; None when the text has none)."""
+        steps = tuple(line.strip() for line in text.strip().splitlines() if line.strip())
+        return GSM8KState(question=state.question, steps=steps, answer=extract_number(text), gold=state.gold)
 
     def value_prompt(self, state: GSM8KState) -> str:
         return self.context(state).rstrip("\n") + VALUE_SUFFIX
