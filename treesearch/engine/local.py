@@ -74,7 +74,7 @@ class Engine:
         self.name = lm.name
         self.num_layers = lm.num_layers
         self.features = frozenset(FEATURES)
-        self.scheduler = Scheduler(self, max_rows=max_batch)
+        self.scheduler = Scheduler(self, max_rows=max_batch, step_tokens=self.config.step_tokens)
         self._calls = 0
 
     @property
