@@ -30,8 +30,8 @@ def fill(sched: Any) -> tuple[list[GenRow], list[GenRow], torch.Tensor | None]:
     fits; returns (rows whose prompt is now fully in, those of them that sample a first token,
     their logits)."""
     left = sched.step_tokens - sum(g.todo() for g in sched.filling)
-    if sched.gen_wait and left > 0:
-        admit(sched, left)
+    if sched.gen_wait and left > 0 and not (sched.backoff and sched.running):
+        admit(sched, left)  # after a preemption, rows wait for a running row to finish (no thrash)
     return prefill_parts(sched)
 
 

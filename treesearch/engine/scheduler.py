@@ -51,6 +51,7 @@ class Scheduler:
         self.gen_wait: deque[GenRow] = deque()
         self.score_wait: list[ScoreRow] = []
         self.filling: list[GenRow] = []  # admitted, their prompts not fully prefilled yet
+        self.backoff = False  # a row was preempted: admit none while rows run, until one leaves
         self.running: list[GenRow] = []
         self.memory = RowMemory(engine)
         self._busy = False
@@ -236,6 +237,7 @@ class Scheduler:
         if g in self.filling:
             g.stats.recomputed_tokens += g.filled
         self._free(g)
+        self.backoff = True
         g.plan = None
         g.stats.preemptions += 1
         self.gen_wait.appendleft(g)
@@ -252,6 +254,7 @@ class Scheduler:
                 kv = g.own_kv(start)[:, :, :, : len(ctx) - start]
                 g.handle = eng.cache.store_kv(ctx, start, kv, free_only=True, charge=g.stats)
         self._free(g)
+        self.backoff = False  # room that stays free: waiting rows may be admitted again
         g.call.deliver(g.index, generation(eng, g))
         self.maybe_done(g.call)
 
