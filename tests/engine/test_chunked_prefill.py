@@ -29,16 +29,23 @@ SAMPLED = Sampling(max_new_tokens=24, temperature=0.9, top_p=0.9, ignore_eos=Tru
 
 
 def work(s: Stats) -> dict:
-    """A row's work that no schedule changes: its decode and generated tokens, and its context
-    tokens (prefilled, less what was computed again, plus what came from the cache)."""
-    context = s.prefill_tokens - s.recomputed_tokens + s.reused_tokens
-    return {"decode": s.decode_tokens, "generated": s.generated_tokens, "context": context}
+    """A row's work that no schedule changes: its decode and generated tokens."""
+    return {"decode": s.decode_tokens, "generated": s.generated_tokens}
 
 
 def exact_work(s: Stats) -> dict:
-    """`work` and each of its parts: with nothing evicted or preempted and no prompt reusing
-    another's, prefill and reuse are the same too."""
+    """`work`, and with nothing evicted or preempted and no prompt reusing another's, its prefill
+    and reuse too."""
     return {**work(s), "prefill": s.prefill_tokens, "reused": s.reused_tokens}
+
+
+def assert_context_counted(s: Stats, n: int, budget: int | None) -> None:
+    """A row's n context tokens, each prefilled or reused: exactly once when unbounded; under a
+    budget at least once, and prefilled beyond what is counted as recomputed at most once."""
+    if budget is None:
+        assert s.prefill_tokens + s.reused_tokens == n and s.recomputed_tokens == 0
+    else:
+        assert s.prefill_tokens - s.recomputed_tokens <= n <= s.prefill_tokens + s.reused_tokens
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -102,6 +109,8 @@ def test_every_chunk_size_gives_the_results_and_counts_of_one_part(arch_lm, samp
             _assert_same(ref, _run(arch_lm, chunk, sampling, threads, None), exact_work)
             tight = _run(arch_lm, chunk, sampling, threads, _budget(arch_lm))
             _assert_same(ref, tight)
+            for s, p in zip(tight[2], PROMPTS):
+                assert_context_counted(s, len(Engine(arch_lm).tokenize(p)), _budget(arch_lm))
             preempted += sum(s.preemptions for s in tight[2])
     assert preempted > 0  # the budget did preempt
 
@@ -143,9 +152,11 @@ def test_a_long_prompt_is_prefilled_in_parts_while_the_short_rows_decode(tiny_lm
 
 @pytest.mark.parametrize("chunk", [1, 7])
 @pytest.mark.parametrize("eviction", ["omega", "lru"])
-def test_a_partly_prefilled_row_that_is_preempted_is_recomputed_and_changes_no_token(tiny_lm, chunk, eviction):
+def test_a_partly_prefilled_row_that_is_preempted_is_recomputed_and_changes_no_token(
+    tiny_lm, chunk, eviction
+):
     """Under a budget with room for the prompts but not for every generation, the short rows' growth
-    preempts the long row (omega 0.1, and the latest admitted) while its prompt is half in: its parts
+    preempts the long row (omega 0.1, and the latest admitted) while its prompt is partly in: its parts
     are freed and counted as recomputed, and its tokens equal its tokens alone."""
     sampling = Sampling(max_new_tokens=40, ignore_eos=True)
     budget = int(1.5 * (83 + 40) * tiny_lm.kv_bytes_per_token)
@@ -214,7 +225,8 @@ def test_any_chunk_size_and_prompt_lengths_give_the_tokens_of_one_part(tiny_lm, 
     assert [g.token_ids for g in got] == [g.token_ids for g in ref]
     assert all(size <= chunk for size in sizes)
     assert [work(s) for s in stats] == [work(s) for s in ref_stats]
-    assert [work(s)["context"] for s in stats] == [len(eng.tokenize(p)) for p in prompts]
+    for s, p in zip(stats, prompts):
+        assert_context_counted(s, len(eng.tokenize(p)), nbytes)
     assert eng.store.reserved == 0 and not eng.scheduler.rows_held()
     if nbytes is not None:
         assert eng.store.peak_bytes <= nbytes

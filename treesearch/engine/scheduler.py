@@ -3,17 +3,20 @@ running batch, advanced a step at a time (continuous batching, as vLLM's and SGL
 
 One step (under the engine's lock, run by whichever waiting thread finds no step running):
 1. score rows that wait run, grouped by labels and exit rule, in batches that fit the budget;
-2. waiting generate rows are admitted in arrival order (preempted rows first), up to `max_rows`
-   running and `step_tokens` prompt tokens per step: each is looked up, its chain pinned and
-   made resident, and its K/V (its part of the cohort buffer and its first decode chunk) reserved
-   against the budget; `make_room` evicts unread blocks (lowest omega first, or LRU) for it. A row
-   that still does not fit waits for running rows to finish. The admitted rows are prefilled in
-   one forward (a cohort) and sample their first token;
+2. prefill (`treesearch.engine.prefill`), at most `step_tokens` uncached prompt tokens a step:
+   the next part of every admitted row whose prompt is not fully in (`filling`), then waiting
+   generate rows admitted in arrival order (preempted rows first) into what is left, up to
+   `max_rows` admitted: each is looked up, its chain pinned and made resident, and its K/V (its
+   whole uncached context and its first decode chunk) reserved against the budget; `make_room`
+   evicts unread blocks (lowest omega first, or LRU) for it. A row that still does not fit waits
+   for running rows to finish (after a preemption none is admitted until a row leaves). The step's
+   parts run as one forward (a cohort); a row whose prompt is in samples its first token, so a
+   long prompt is prefilled over several steps, each beside the decode below;
 3. every running row feeds its last token through one decode forward (`Forward.step`) over its
-   chain, its cohort part and its chunks; a row whose chunk is full first reserves one more
-   block, and when even that cannot fit, the running row of lowest omega (LRU: the latest
-   admitted) is preempted: its K/V freed, requeued first, recomputed when readmitted (lossless:
-   it keeps its tokens and its sampler);
+   chain, its prompt parts and its chunks; a row whose chunk is full first reserves one more
+   block, and when even that cannot fit, the admitted row (running or filling) of lowest omega
+   (LRU: the latest admitted) is preempted: its K/V freed, requeued first, recomputed when
+   readmitted (lossless: it keeps its tokens and its sampler);
 4. a row that meets EOS, a stop string or max tokens leaves at once, and a call returns to its
    search as soon as its last row is done: no barrier over searches.
 Rows carry their own seeds and prompts, so a result never depends on which rows shared a step.
