@@ -26,6 +26,9 @@ class RKSCConfig:
     fast_decode: decode steps through `treesearch.engine.decoder` (packed weights, fused attention) where
         the model qualifies (a float32 Llama or Qwen2 on the CPU); False: through the transformers layers.
         Same tokens either way (logits agree within 1e-4, tests/test_decoder.py).
+    step_tokens: the most uncached prompt tokens the local engine's scheduler prefills in one step;
+        a longer prompt is prefilled in parts over consecutive steps, each beside the running rows'
+        decode, so no decode step waits long for a long prompt. Same results whatever the value.
     """
 
     kv_sharing: str = "exact"
@@ -46,6 +49,7 @@ class RKSCConfig:
     min_layer: int | None = None
     cgee_measure: bool = False
     fast_decode: bool = True
+    step_tokens: int = 2048
 
     def __post_init__(self) -> None:
         if self.kv_sharing not in KV_MODES:
@@ -54,6 +58,8 @@ class RKSCConfig:
             raise ConfigError(f"block_size={self.block_size}; use a positive number of tokens such as 16")
         if self.eviction not in EVICTIONS:
             raise ConfigError(f"eviction={self.eviction!r}; use one of {', '.join(EVICTIONS)}")
+        if self.step_tokens < 1:
+            raise ConfigError(f"step_tokens={self.step_tokens}; use a positive number of tokens such as 2048")
         if self.cache_budget is not None and self.cache_budget <= 0:
             raise ConfigError(f"cache_budget={self.cache_budget}; use a positive number of bytes or None")
 

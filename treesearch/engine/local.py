@@ -7,8 +7,9 @@ One call works in three phases:
    manager (`treesearch.cache.manager`) plan each row: its longest cached prefix under the budget, runs
    of new tokens that several rows share (computed once), ASKS attachment (`treesearch.policies.asks`)
    and the residency of every chain the batch attends over;
-2. prefill: each row's remaining prompt tokens in one padded batch (`treesearch.engine.forward`),
-   attending over its cached chain in place (`treesearch.cache.attention`);
+2. prefill: each row's remaining prompt tokens in padded batches (`treesearch.engine.forward`), at
+   most `config.step_tokens` a scheduler step (`treesearch.engine.prefill`), attending over its
+   cached chain and earlier parts in place (`treesearch.cache.attention`);
 3. decode (generate only): one token per row per step until EOS, a stop string or max tokens.
 The K/V of each row's new prompt tokens and of its fed-back generated tokens is kept (exact
 mode), so a child's context never recomputes its parent's. Every batch buffer is counted against
@@ -74,7 +75,7 @@ class Engine:
         self.name = lm.name
         self.num_layers = lm.num_layers
         self.features = frozenset(FEATURES)
-        self.scheduler = Scheduler(self, max_rows=max_batch)
+        self.scheduler = Scheduler(self, max_rows=max_batch, step_tokens=self.config.step_tokens)
         self._calls = 0
 
     @property

@@ -1,6 +1,6 @@
 """The K/V a running generate row holds, against the budget: admission (its chain pinned and
-resident, its cohort part and first decode chunk reserved), one more chunk as it generates, the
-preemption order, and giving it all back (`treesearch.engine.scheduler` decides when)."""
+resident, its uncached context and first decode chunk reserved), one more chunk as it generates,
+the preemption order, and giving it all back (`treesearch.engine.scheduler` decides when)."""
 
 from __future__ import annotations
 
@@ -22,29 +22,29 @@ class RowMemory:
         self.config = engine.config
         self.lm = engine.lm
 
-    def hold(self, g: GenRow, p: Row, admitted: list[GenRow], reserved: int) -> int | None:
-        """Pin and make resident the row's chain and reserve its K/V; the cohort's bytes, or None."""
+    def hold(self, g: GenRow, p: Row) -> bool:
+        """Pin and make resident the row's chain and reserve its own K/V: every uncached token of
+        its context (prefilled now or in later steps) and its first decode chunk. False: no room."""
         cache = self.cache
         bpt = cache.store.bytes_per_token
         cache.store.pin(p.chain)
-        rows = [*(a.plan for a in admitted), p]
-        total = len(rows) * max(len(r.ids) - r.matched for r in rows if r is not None) * bpt
+        new = len(p.ids) - p.matched
         first = self.chunk_tokens(g)
         store = cache.store
-        need = total - reserved + first * bpt
+        need = (new + first) * bpt
         if store.budget is not None and store.pinned_bytes(p.chain) + store.reserved + need > store.budget:
             cache.store.unpin(p.chain)  # what is pinned and running leaves too little room: wait
-            return None
+            return False
         try:
             cache.ensure_resident(p.chain, charge=g.stats)
             cache.reserve(need)
         except CacheBudgetError:
             cache.store.unpin(p.chain)
-            return None
-        g.plan, g.pinned = p, p.chain
+            return False
+        g.plan, g.pinned, g.filled, g.fill_bytes = p, p.chain, 0, new * bpt
         g.chunks = [[self.chunk(first), 0]] if first else []
         g.chunk_bytes = first * bpt
-        return total
+        return True
 
     def chunk_tokens(self, g: GenRow) -> int:
         """Slots of its next decode chunk: a block, or what is left of its fed tokens."""
@@ -64,16 +64,17 @@ class RowMemory:
         return (self.cache.owner_omega(g.owner), -g.order)
 
     def free(self, g: GenRow) -> None:
-        """Give back a running row's K/V: its chunks, its cohort's buffer with the last row, its pins."""
+        """Give back an admitted row's K/V: what it reserved and has not prefilled yet, its chunks,
+        each cohort's buffer with the last row of it, its pins."""
         cache = self.cache
-        cache.unreserve(g.chunk_bytes)
-        g.chunks, g.chunk_bytes = [], 0
-        if g.cohort is not None:
-            g.cohort.live -= 1
-            if g.cohort.live == 0:
-                cache.unreserve(g.cohort.nbytes)
-                g.cohort.batch = None
-            g.cohort = None
+        cache.unreserve(g.chunk_bytes + g.fill_bytes)
+        g.chunks, g.chunk_bytes, g.fill_bytes, g.filled = [], 0, 0, 0
+        for cohort, _, _ in g.parts:
+            cohort.live -= 1
+            if cohort.live == 0:
+                cache.unreserve(cohort.nbytes)
+                cohort.batch = None
+        g.parts = []
         cache.store.unpin(g.pinned)
         g.pinned = []
 

@@ -1,11 +1,12 @@
 """The work items the scheduler (`treesearch.engine.scheduler`) runs: a call of one search, its
 generate rows while they run (tokens so far, own sampler, own K/V) and its score rows.
 
-A generate row's own K/V lives in two places, both counted against the budget: its cohort's buffer
-(the rows prefilled in one forward share one `BatchKV`; row b's part is a prefix run read in place)
-and decode chunks of at most one block each, which grow as it generates. So a row that joins a
-running batch later attends over its cached chain, then its cohort part, then its chunks, exactly
-the context it would have alone.
+A generate row's own K/V lives in two places, both counted against the budget: its prompt parts
+(the rows prefilled in one forward, a cohort, share one `BatchKV`; row b's part is a prefix run
+read in place; a long prompt is prefilled in several parts, one per step) and decode chunks of at
+most one block each, which grow as it generates. So a row that joins a running batch later attends
+over its cached chain, then its prompt parts, then its chunks, exactly the context it would have
+alone.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ class GenRow:
     plan: Row | None = (
         None  # the context computed at the current admission (prompt, + fed tokens on a resume)
     )
-    cohort: Cohort | None = None
-    slot: int = 0  # its row in the cohort's buffer
+    parts: list[tuple[Cohort, int, int]] = field(default_factory=list)  # (cohort, its row there, tokens)
+    filled: int = 0  # of the context's uncached tokens, those prefilled so far at this admission
+    fill_bytes: int = 0  # reserved for the uncached tokens not prefilled yet
     chunks: list[list] = field(default_factory=list)  # [tensor [L, 2, Hkv, cap, d], used]
     chunk_bytes: int = 0
     pinned: list = field(default_factory=list)  # the chain it attends over, pinned while it runs
@@ -100,15 +102,19 @@ class GenRow:
         return astuple(self.sampling)
 
     def own_runs(self) -> list[tuple[torch.Tensor, int]]:
-        """Its own K/V after the cached chain, as prefix runs: the cohort part, then the chunks."""
-        assert self.cohort is not None and self.plan is not None
-        runs = [(self.cohort.batch.row_run(self.slot), len(self.plan.ids) - self.plan.matched)]
+        """Its own K/V after the cached chain, as prefix runs: the prompt parts, then the chunks."""
+        runs = [(c.batch.row_run(slot), n) for c, slot, n in self.parts]
         return runs + [(kv, used) for kv, used in self.chunks if used]
 
-    def held(self) -> int:
-        """Tokens of context whose K/V it holds (chain + own)."""
+    def todo(self) -> int:
+        """Uncached tokens of its admitted context still to prefill (0: it decodes)."""
         assert self.plan is not None
-        return len(self.plan.ids) + sum(used for _, used in self.chunks)
+        return len(self.plan.ids) - self.plan.matched - self.filled
+
+    def prompt_kv(self) -> torch.Tensor:
+        """A copy of the K/V of its prefilled context tokens (its parts, in order)."""
+        kvs = [c.batch.row_kv(slot, 0, n) for c, slot, n in self.parts]
+        return kvs[0] if len(kvs) == 1 else torch.cat(kvs, dim=3)
 
     def room(self) -> int:
         """Free token slots in its last chunk."""

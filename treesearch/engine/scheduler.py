@@ -3,17 +3,20 @@ running batch, advanced a step at a time (continuous batching, as vLLM's and SGL
 
 One step (under the engine's lock, run by whichever waiting thread finds no step running):
 1. score rows that wait run, grouped by labels and exit rule, in batches that fit the budget;
-2. waiting generate rows are admitted in arrival order (preempted rows first), up to `max_rows`
-   running and `step_tokens` prompt tokens per step: each is looked up, its chain pinned and
-   made resident, and its K/V (its part of the cohort buffer and its first decode chunk) reserved
-   against the budget; `make_room` evicts unread blocks (lowest omega first, or LRU) for it. A row
-   that still does not fit waits for running rows to finish. The admitted rows are prefilled in
-   one forward (a cohort) and sample their first token;
+2. prefill (`treesearch.engine.prefill`), at most `step_tokens` uncached prompt tokens a step:
+   the next part of every admitted row whose prompt is not fully in (`filling`), then waiting
+   generate rows admitted in arrival order (preempted rows first) into what is left, up to
+   `max_rows` admitted: each is looked up, its chain pinned and made resident, and its K/V (its
+   whole uncached context and its first decode chunk) reserved against the budget; `make_room`
+   evicts unread blocks (lowest omega first, or LRU) for it. A row that still does not fit waits
+   for running rows to finish (after a preemption none is admitted until a row leaves). The step's
+   parts run as one forward (a cohort); a row whose prompt is in samples its first token, so a
+   long prompt is prefilled over several steps, each beside the decode below;
 3. every running row feeds its last token through one decode forward (`Forward.step`) over its
-   chain, its cohort part and its chunks; a row whose chunk is full first reserves one more
-   block, and when even that cannot fit, the running row of lowest omega (LRU: the latest
-   admitted) is preempted: its K/V freed, requeued first, recomputed when readmitted (lossless:
-   it keeps its tokens and its sampler);
+   chain, its prompt parts and its chunks; a row whose chunk is full first reserves one more
+   block, and when even that cannot fit, the admitted row (running or filling) of lowest omega
+   (LRU: the latest admitted) is preempted: its K/V freed, requeued first, recomputed when
+   readmitted (lossless: it keeps its tokens and its sampler);
 4. a row that meets EOS, a stop string or max tokens leaves at once, and a call returns to its
    search as soon as its last row is done: no barrier over searches.
 Rows carry their own seeds and prompts, so a result never depends on which rows shared a step.
@@ -31,12 +34,12 @@ from typing import Any
 import torch
 
 from treesearch.cache.attention import BatchKV
-from treesearch.cache.manager import Row
 from treesearch.common.errors import CacheBudgetError, SearchCancelled
 from treesearch.engine.decoder import decoder_for
 from treesearch.engine.forward import sample
 from treesearch.engine.memory import RowMemory
-from treesearch.engine.running import Call, Cohort, GenRow, ScoreRow, generation
+from treesearch.engine.prefill import fill
+from treesearch.engine.running import Call, GenRow, ScoreRow, generation
 from treesearch.engine.scoring import run_scores
 
 
@@ -50,6 +53,8 @@ class Scheduler:
         self.cv = threading.Condition(threading.RLock())
         self.gen_wait: deque[GenRow] = deque()
         self.score_wait: list[ScoreRow] = []
+        self.filling: list[GenRow] = []  # admitted, their prompts not fully prefilled yet
+        self.backoff = False  # a row was preempted: admit none while rows run, until one leaves
         self.running: list[GenRow] = []
         self.memory = RowMemory(engine)
         self._busy = False
@@ -57,6 +62,14 @@ class Scheduler:
         self.on_step: Callable[[], None] | None = None  # called after every step (tests check invariants)
         # batch fill, for the bench: decode steps, rows they ran, steps with fewer rows than were ready
         self.steps = self.decode_steps = self.decode_rows = self.short_steps = 0
+
+    def rows_held(self) -> int:
+        """Admitted generate rows (filling or running): each holds K/V it gives back as it ends."""
+        return len(self.filling) + len(self.running)
+
+    def next_order(self) -> int:
+        """The next admission number (LRU preemption takes the latest)."""
+        return next(self._order)
 
     @property
     def lock(self) -> threading.Condition:
@@ -107,15 +120,15 @@ class Scheduler:
     # -- one step -------------------------------------------------------------------------------------
     def _step(self) -> None:
         cache = self.engine.cache
-        ready = len(self.running) + len(self.gen_wait)
+        ready = self.rows_held() + len(self.gen_wait)
         charge = None
         try:
             if self.score_wait:
                 charge = self.score_wait[0].stats
                 run_scores(self)
-            if self.gen_wait:
-                charge = charge or self.gen_wait[0].stats
-                self._admit()
+            if self.gen_wait or self.filling:
+                charge = charge or (self.filling or self.gen_wait)[0].stats
+                self._fill()
             if self.running:
                 charge = charge or self.running[0].stats
                 self._decode(ready)
@@ -125,78 +138,14 @@ class Scheduler:
         if self.on_step is not None:
             self.on_step()
 
-    def _admit(self) -> None:
-        """Admit waiting generate rows that fit, prefill them as one cohort, sample first tokens."""
-        eng, cache = self.engine, self.engine.cache
-        picked: list[GenRow] = []
-        tokens = 0
-        while self.gen_wait and len(self.running) + len(picked) < self.max_rows:
-            ctx = len(self.gen_wait[0].context) - (1 if self.gen_wait[0].gens else 0)
-            if picked and tokens + ctx > self.step_tokens:
-                break
-            tokens += ctx
-            picked.append(self.gen_wait.popleft())
-        plans = []
-        for g in picked:
-            ids = g.row.ids + g.gens[:-1]  # a resumed row computes its fed tokens again
-            plans.append(
-                Row(ids=ids, stats=g.stats, search=g.row.search, must_store=g.row.must_store and not g.gens)
-            )
-            plans[-1].bare = g.row.bare
-        eng.plan_rows(plans)
-        admitted: list[GenRow] = []
-        reserved = 0
-        for g, p in zip(picked, plans):
-            got = self.memory.hold(g, p, admitted, reserved)
-            if got is None and not admitted and not self.running and eng.config.shares and not p.bare:
-                p.bare, g.row.bare = True, True  # too little room for its cached context and its buffer
-                cache.lookup([p])
-                got = self.memory.hold(g, p, admitted, reserved)
-            if got is None:
-                break
-            reserved = got
-            admitted.append(g)
-        for g in reversed(picked[len(admitted) :]):
-            self.gen_wait.appendleft(g)
-        if not admitted:
-            if not self.running and picked:  # nothing runs that could free room: it can never fit
-                self.fail_call(picked[0].call, self.memory.no_room(picked[0]))
-            return
-        self._prefill(admitted, reserved)
-
-    def _prefill(self, rows: list[GenRow], nbytes: int) -> None:
-        eng, cache = self.engine, self.engine.cache
-        plans = [g.plan for g in rows]
-        assert all(p is not None for p in plans)
-        news = [p.ids[p.matched :] for p in plans]  # type: ignore[union-attr]
-        batch, logits = eng.forward.prefill(
-            [cache.prefix(p.chain) for p in plans],  # type: ignore[union-attr]
-            news,
-            [p.matched for p in plans],  # type: ignore[union-attr]
-            extra=0,
-            want_logits=True,
-            charge=[g.stats for g in rows],
-        )
-        cohort = Cohort(batch, nbytes, len(rows))
-        fresh = []
-        for b, (g, p) in enumerate(zip(rows, plans)):
-            assert p is not None
-            g.cohort, g.slot, g.order = cohort, b, next(self._order)
-            (g.stats).recomputed_tokens += p.cut
-            if g.reused:  # a preempted row: all it computes now it had computed before
-                g.stats.recomputed_tokens += len(news[b])
-                continue
-            g.reused, g.reused_n = True, p.matched - p.prepass
-            g.stats.reused_tokens += g.reused_n
-            g.asks_sigma = p.asks_sigma
-            g.asks_ref = (
-                None if p.asks_ref is None or rows[p.asks_ref].call is not g.call else rows[p.asks_ref].index
-            )
-            if eng.config.shares:
-                g.handle = self.memory.store_prompt(p, batch.row_kv(b, 0, len(news[b])), g.owner)
-            fresh.append(b)
-        self.running.extend(rows)
-        self._sample([rows[b] for b in fresh], logits[fresh] if fresh else logits[:0])
+    def _fill(self) -> None:
+        """Admit and prefill (a part of each long prompt, `treesearch.engine.prefill`); rows whose
+        prompt is in join the running rows, fresh ones with their first token."""
+        done, fresh, logits = fill(self)
+        self.running.extend(done)
+        if fresh:
+            assert logits is not None
+            self._sample(fresh, logits)
 
     def _decode(self, ready: int) -> None:
         eng, cache = self.engine, self.engine.cache
@@ -272,20 +221,26 @@ class Scheduler:
             return
 
     def _victim(self) -> GenRow:
-        if not self.running:
+        if not self.rows_held():
             raise CacheBudgetError(
                 f"cache_budget={self.engine.cache.store.budget} bytes leave no room for one decode step; "
                 "raise --cache-budget or run fewer searches at once"
             )
-        return min(self.running, key=self.memory.rank)
+        return min([*self.running, *self.filling], key=self.memory.rank)
 
     def _free(self, g: GenRow) -> None:
         self.memory.free(g)
-        if g in self.running:
-            self.running.remove(g)
+        for rows in (self.running, self.filling):
+            if g in rows:
+                rows.remove(g)
 
     def _preempt(self, g: GenRow) -> None:
+        """Free an admitted row's K/V and requeue it first; what it had prefilled is computed
+        again when it is readmitted (recomputed), its tokens and sampler are kept."""
+        if g in self.filling:
+            g.stats.recomputed_tokens += g.filled
         self._free(g)
+        self.backoff = True
         g.plan = None
         g.stats.preemptions += 1
         self.gen_wait.appendleft(g)
@@ -302,6 +257,7 @@ class Scheduler:
                 kv = g.own_kv(start)[:, :, :, : len(ctx) - start]
                 g.handle = eng.cache.store_kv(ctx, start, kv, free_only=True, charge=g.stats)
         self._free(g)
+        self.backoff = False  # room that stays free: waiting rows may be admitted again
         g.call.deliver(g.index, generation(eng, g))
         self.maybe_done(g.call)
 
@@ -316,7 +272,7 @@ class Scheduler:
         call.done = True
 
     def _drop(self, call: Call) -> None:
-        for g in [g for g in self.running if g.call is call]:
+        for g in [g for g in [*self.running, *self.filling] if g.call is call]:
             self._free(g)
         self.gen_wait = deque(g for g in self.gen_wait if g.call is not call)
         self.score_wait = [it for it in self.score_wait if it.call is not call]
@@ -330,13 +286,13 @@ class Scheduler:
     def _calls(self) -> list[Call]:
         items: list[Any]
         seen: dict[int, Call] = {}
-        items = [*self.running, *self.gen_wait, *self.score_wait]
+        items = [*self.running, *self.filling, *self.gen_wait, *self.score_wait]
         for it in items:
             seen.setdefault(id(it.call), it.call)
         return list(seen.values())
 
     def _items(self, call: Call) -> list[Any]:
-        items: list[Any] = [*self.running, *self.gen_wait, *self.score_wait]
+        items: list[Any] = [*self.running, *self.filling, *self.gen_wait, *self.score_wait]
         return [it for it in items if it.call is call]
 
 

@@ -145,10 +145,10 @@ def _score_group(sched: Any, items: list[ScoreRow]) -> bool:
             if len(part) > 1:  # too little room for the batch: its halves, one after the other
                 h = len(part) // 2
                 return _score_group(sched, part[:h]) and _score_group(sched, part[h:])
-            if not part[0].row.bare and eng.config.shares and not sched.running:
+            if not part[0].row.bare and eng.config.shares and not sched.rows_held():
                 part[0].row.bare = True  # its cached context and its buffer do not fit together
                 return _score_group(sched, part)
-            if sched.running:
+            if sched.rows_held():
                 return False  # waits for running rows to finish
             sched.fail_call(part[0].call, exc)
             return False
