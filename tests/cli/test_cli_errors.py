@@ -52,6 +52,18 @@ ERRORS = [
         "unknown strategy 'greedy'; choose from beam, bfs, cot, dfs, mcts",
     ),
     (["solve", "chess", "e4"], "unknown task 'chess'; choose from game24, gsm8k"),
+    (
+        ["solve", "game24", "4 5 6 10", "--strategy", "cot", "--breadth", "3"],
+        "--breadth does not apply to --strategy cot; drop it, or use it with --strategy beam or bfs",
+    ),
+    (
+        ["solve", "game24", "4 5 6 10", "--strategy", "cot", "--depth", "2"],
+        "--depth does not apply to --strategy cot; drop it, or use it with --strategy beam, bfs, dfs or mcts",
+    ),
+    (
+        ["solve", "game24", "4 5 6 10", "--iterations", "9"],
+        "--iterations does not apply to --strategy bfs; drop it, or use it with --strategy mcts",
+    ),
     (["solve", "game24", "4 5 6 10", "--top-p", "0"], "--top-p 0: use a value in (0, 1], such as 0.95"),
     (["solve", "game24", "4 5 6 10", "--threads", "0"], "--threads 0: use at least 1 thread"),
     (
@@ -117,7 +129,7 @@ def test_a_bad_argument_is_one_line_exit_2_before_the_model_loads(
 
 @pytest.mark.parametrize(
     "argv, message",
-    [ERRORS[0], ERRORS[3], ERRORS[5], ERRORS[8], ERRORS[18]],
+    [ERRORS[0], ERRORS[3], ERRORS[5], ERRORS[8], ERRORS[21]],
     ids=["breadth", "model", "puzzle", "strategy", "bench-model"],
 )
 def test_the_installed_command_prints_one_line_without_importing_torch(argv, message):

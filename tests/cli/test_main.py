@@ -103,3 +103,26 @@ def test_a_handed_over_command_interrupted_by_ctrl_c_says_so_in_one_line(command
     monkeypatch.setitem(cli.HANDED_OVER, command, ctrl_c)
     assert cli.main([command, "--model", "tiny"]) == 130
     assert capsys.readouterr().err == f"treesearch: {command} interrupted\n"
+
+
+def test_step_tokens_reaches_the_engine_and_changes_no_result(tmp_path, monkeypatch, capsys):
+    """`--step-tokens N` prefills prompts in parts of N tokens; the tree and answer are those of the
+    default (2048, each prompt in one part)."""
+    from treesearch.cli import main as cli
+    from treesearch.cli.checks import search_config
+    from treesearch.cli.main import build_parser
+
+    solve = ["solve", "game24", "4 5 6 10", "--model", "tiny", "--no-progress", "--breadth", "2"]
+    assert search_config(build_parser().parse_args(solve)).step_tokens == 2048
+    assert search_config(build_parser().parse_args([*solve, "--step-tokens", "5"])).step_tokens == 5
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([*solve, "--json", "whole.json"]) == 0
+    assert cli.main([*solve, "--step-tokens", "5", "--json", "parts.json"]) == 0
+    whole, parts = (json.loads((tmp_path / f).read_text()) for f in ("whole.json", "parts.json"))
+    assert parts["tree"] == whole["tree"] and parts["answer"] == whole["answer"]
+    assert parts["stats"]["prefill_tokens"] == whole["stats"]["prefill_tokens"]
+    capsys.readouterr()
+    assert cli.main([*solve, "--step-tokens", "0"]) == 2
+    assert capsys.readouterr().err == (
+        "treesearch: error: --step-tokens 0: use a positive number of tokens such as 2048\n"
+    )

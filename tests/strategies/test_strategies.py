@@ -352,26 +352,14 @@ def test_cli_registry_builds_each_strategy(name, cls):
     from treesearch.cli.main import build_parser
     from treesearch.cli.strategy_flags import STRATEGIES
 
+    given = {
+        "bfs": ["--breadth", "3"],
+        "beam": ["--breadth", "3"],
+        "mcts": ["--iterations", "7", "--exploration", "0.5"],
+        "dfs": ["--threshold", "1.5", "--max-states", "9"],
+    }[name]
     args = build_parser().parse_args(
-        [
-            "solve",
-            "game24",
-            "4 5 6 10",
-            "--strategy",
-            name,
-            "--breadth",
-            "3",
-            "--depth",
-            "2",
-            "--iterations",
-            "7",
-            "--exploration",
-            "0.5",
-            "--threshold",
-            "1.5",
-            "--max-states",
-            "9",
-        ]
+        ["solve", "game24", "4 5 6 10", "--strategy", name, "--depth", "2", *given]
     )
     strategy = search_strategy(args)
     assert type(strategy) is cls and name in STRATEGIES
@@ -401,10 +389,7 @@ def test_cli_solve_runs_each_strategy(name, capsys, monkeypatch, tiny_lm):
                 "tiny",
                 "--strategy",
                 name,
-                "--iterations",
-                "2",
-                "--max-states",
-                "2",
+                *{"mcts": ["--iterations", "2"], "dfs": ["--max-states", "2"]}.get(name, []),
                 "--no-progress",
                 "--stats",
             ]

@@ -128,6 +128,21 @@ def _collect(args, lm, rng: tuple[int, int], skip_prompts=(), checkpoint=None) -
     return collect_choice(lm, CALIBRATION_KEYS[args.task], *rng, log=_log)
 
 
+def require_calls(ds: Dataset, what: str, path: str | None, rng: tuple[int, int] | None) -> Dataset:
+    """The dataset, or a clear error when it holds no verification call to fit or replay."""
+    if ds.traj.ndim == 3 and ds.traj.shape[0] > 0:
+        return ds
+    if path:
+        raise UsageError(
+            f"{path} holds no verification calls for the {what}; collect them again with --range"
+        )
+    rows = f"{rng[0]}:{rng[1]}" if rng else "?"
+    raise UsageError(
+        f"no verification calls were collected from rows {rows} for the {what}: the searches scored no "
+        "candidate (for game24 the model proposed no legal step); widen the range, or use --proposer legal"
+    )
+
+
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -159,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ds = _load_or_collect(args, args.calls, rng, state, checkpoint=keep)
     if args.save_calls:
         Path(args.save_calls).write_text(json.dumps(ds.to_json()))
+    require_calls(ds, "calibration set", args.calls, rng)
     t, out = fit(ds, args.target_error)
     result = {
         "task": ds.task,
@@ -186,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if dump is not None:
             dump(hds)
+        require_calls(hds, "held-out set", args.eval_calls, args.eval_range)
         held = replay(hds, t)
         unseen = unseen_calls(ds, hds)
         result["heldout"] = held_report(hds, t, held, unseen)

@@ -72,6 +72,7 @@ RULES: dict[str, Rule] = {
     "top_p": Rule(lambda v: 0 < v <= 1, "use a value in (0, 1], such as 0.95"),
     "cache_budget": Rule(_at_least(1), "use a positive number of bytes, or leave it out for no limit"),
     "threads": Rule(_at_least(1), "use at least 1 thread"),
+    "step_tokens": Rule(_at_least(1), "use a positive number of tokens such as 2048"),
     "concurrency": Rule(_at_least(1), "use at least 1 search at a time"),
     "workers": Rule(_at_least(1), "use at least 1 Ray worker"),
     "gpus_per_worker": Rule(_finite_at_least(0.0), "use 0 or more GPUs per worker (a fraction shares one)"),
@@ -140,15 +141,32 @@ def strategy_names() -> list[str]:
 
 def search_strategy(args: argparse.Namespace) -> Any:
     """The strategy named by --strategy, built from the search flags (`strategy_flags.STRATEGIES`)."""
-    from treesearch.cli.strategy_flags import STRATEGIES
+    from treesearch.cli.strategy_flags import READS, STRATEGIES
 
     name = args.strategy.lower()
     if name not in STRATEGIES:
         raise UsageError(f"unknown strategy {args.strategy!r}; choose from {', '.join(strategy_names())}")
+    unread = unread_flags(name, args)
+    if unread:
+        users = sorted(n for n, reads in READS.items() if unread[0] in reads)
+        either = " or ".join([", ".join(users[:-1]), users[-1]] if len(users) > 1 else users)
+        raise UsageError(
+            f"{flag_name(unread[0])} does not apply to --strategy {name}; drop it, "
+            f"or use it with --strategy {either}"
+        )
     try:
         return STRATEGIES[name](args)
     except (ConfigError, ValueError) as exc:
         raise UsageError(f"--strategy {name}: {one_line(exc)}") from None
+
+
+def unread_flags(name: str, args: argparse.Namespace) -> list[str]:
+    """The search flags given (not None) that the built-in strategy `name` does not read, in order."""
+    from treesearch.cli.strategy_flags import READS, SEARCH_FLAGS
+
+    if name not in READS:
+        return []
+    return [d for d in sorted(SEARCH_FLAGS) if getattr(args, d, None) is not None and d not in READS[name]]
 
 
 def strategy_problem(strategy: Any, problem: Problem) -> Problem:
@@ -180,9 +198,11 @@ def search_sampling(args: argparse.Namespace, problem: Problem) -> Sampling:
 
 
 def search_config(args: argparse.Namespace) -> RKSCConfig:
-    """The RKSC switches of --kv, --cache-budget, --cgee and --cgee-measure."""
+    """The RKSC switches of --kv, --cache-budget, --eviction, --step-tokens, --cgee and --cgee-measure."""
+    step = getattr(args, "step_tokens", None)
     try:
         return RKSCConfig(
+            **({} if step is None else {"step_tokens": step}),
             kv_sharing=args.kv,
             cache_budget=args.cache_budget,
             eviction=getattr(args, "eviction", "omega"),

@@ -95,6 +95,14 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
         help="KV cache budget in bytes (default unbounded)",
     )
     p.add_argument(
+        "--step-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="local engine: the most uncached prompt tokens one scheduler step prefills; a longer prompt "
+        "is prefilled in parts beside the running rows' decode (default 2048)",
+    )
+    p.add_argument(
         "--eviction",
         default="omega",
         choices=["omega", "lru"],
@@ -110,7 +118,7 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
         help=f"one of {', '.join(strategy_names())} (default bfs; cot: one chain-of-thought generation, "
         "no search)",
     )
-    p.add_argument("--breadth", type=int, default=5, help="BFS/beam: states kept per step (default 5)")
+    p.add_argument("--breadth", type=int, default=None, help="BFS/beam: states kept per step (default 5)")
     p.add_argument("--depth", type=int, default=None, help="depth limit (default: the task's)")
     p.add_argument(
         "--iterations",

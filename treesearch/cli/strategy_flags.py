@@ -19,12 +19,15 @@ def _given(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
+BREADTH = 5  # --breadth when not given: BFS's states per step and beam's width, as in the ToT paper
+
+
 def _bfs(a: argparse.Namespace) -> BFS:
-    return BFS(breadth=a.breadth, max_depth=a.depth)
+    return BFS(breadth=_given(a.breadth, BREADTH), max_depth=a.depth)
 
 
 def _beam(a: argparse.Namespace) -> Beam:
-    return Beam(width=a.breadth, max_depth=a.depth)
+    return Beam(width=_given(a.breadth, BREADTH), max_depth=a.depth)
 
 
 def _mcts(a: argparse.Namespace) -> MCTS:
@@ -52,3 +55,14 @@ STRATEGIES: dict[str, Callable[[argparse.Namespace], Strategy]] = {
     "dfs": _dfs,
     "cot": _cot,
 }
+
+# The search flags (argparse dests) each built-in strategy reads: one it does not read, given on the
+# command line, is refused rather than ignored. A strategy added to STRATEGIES is not checked.
+READS: dict[str, frozenset[str]] = {
+    "bfs": frozenset({"breadth", "depth"}),
+    "beam": frozenset({"breadth", "depth"}),
+    "mcts": frozenset({"iterations", "exploration", "depth"}),
+    "dfs": frozenset({"threshold", "max_states", "depth"}),
+    "cot": frozenset(),
+}
+SEARCH_FLAGS = frozenset().union(*READS.values())
