@@ -66,11 +66,14 @@ def test_lists_parse_in_order_without_duplicates_and_a_single_int_keeps_working(
     # sequential always runs; every engine mode (not hf-cb) at every concurrency > 1
     assert concurrent_names(["exact", "hf-cb"], 16) == ["exact", "hf-cb", "exact@16"]
     assert concurrent_names(["nokv", "exact"], [1, 3]) == ["nokv", "exact", "nokv@3", "exact@3"]
-    assert sweep_names(["nokv", "exact", "rksc", "hf-cb"], [3], [50], ["omega", "lru"]) == [
+    # budgets run at every concurrency above 1, sequentially only when there is none
+    assert sweep_names(["nokv", "exact", "rksc", "hf-cb"], [1], [50], ["omega", "lru"]) == [
         "exact/50%/omega",
         "exact/50%/lru",
         "rksc/50%/omega",
         "rksc/50%/lru",
+    ]
+    assert sweep_names(["nokv", "exact", "rksc", "hf-cb"], [1, 3], [50], ["omega", "lru"]) == [
         "exact@3/50%/omega",
         "exact@3/50%/lru",
         "rksc@3/50%/omega",
@@ -139,7 +142,7 @@ def test_the_sweep_runs_exactly_each_concurrency_budget_and_eviction_once(sweep_
     doc, _ = sweep_doc
     keys = [(r["mode"], r["concurrency"], r["budget_percent"], r["eviction"]) for r in doc["runs"]]
     expected = [("exact", c, None, None) for c in (1, 3)] + [
-        ("exact", c, float(b), e) for c in (1, 3) for b in (100, 50) for e in ("omega", "lru")
+        ("exact", 3, float(b), e) for b in (100, 50) for e in ("omega", "lru")
     ]
     assert sorted(keys, key=str) == sorted(expected, key=str) and len(keys) == len(set(keys))
     for r in doc["runs"]:

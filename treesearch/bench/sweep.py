@@ -81,7 +81,9 @@ def parse_evictions(text: str | None, budgets: list[int]) -> list[str]:
 
 def sweep_names(names: list[str], levels: list[int], budgets: list[int], evictions: list[str]) -> list[str]:
     """The budgeted variants to run beside the unbounded modes: each budget mode in `names`, at each
-    concurrency, budget and eviction order ("exact/50%/omega", "exact@16/25%/lru")."""
+    concurrency above 1 (sequentially when none is above 1: a sequential run under every budget
+    would cost more than the rest of the sweep), budget and eviction order ("exact/50%/omega",
+    "exact@16/25%/lru")."""
     if not budgets:
         return []
     if "exact" not in names:
@@ -92,7 +94,7 @@ def sweep_names(names: list[str], levels: list[int], budgets: list[int], evictio
     swept = [n for n in names if n in BUDGET_MODES]
     return [
         f"{n}{'' if c == 1 else f'@{c}'}/{b}%/{e}"
-        for c in sorted(set(levels) | {1})
+        for c in sorted({c for c in levels if c > 1} or {1})
         for n in swept
         for b in budgets
         for e in evictions

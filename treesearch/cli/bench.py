@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="P[,Q...]",
         help="also run exact, asks, asks-open, cgee and rksc (those in --modes) at each cache budget, "
         "in percent (1-100) of exact's unbounded peak K/V at the same concurrency in the same run "
-        "(exact must run), e.g. 100,50,25: the memory/speed table (default: none)",
+        "(exact must run), at each --concurrency above 1 (sequentially when none is), e.g. 100,50,25: "
+        "the memory/speed table (default: none)",
     )
     p.add_argument(
         "--eviction",
