@@ -149,3 +149,24 @@ def test_the_makefile_builds_the_llama_cpp_range_of_the_test_extra():
     assert make_range == extra_range, (
         f"Makefile LLAMA_CPP {make_range!r} != pyproject test extra {reqs[0]!r}; keep them equal"
     )
+
+
+def test_the_editable_install_of_the_setup_prints_no_warning_box(tmp_path):
+    """`make setup` runs `pip install -e .`: setuptools' editable build warns nothing (a flat layout
+    without `package-dir` got its meta-path finder and a "Please be careful with folders" box)."""
+    pytest.importorskip("setuptools")
+    code = "import sys; from setuptools import build_meta as b; print(b.build_editable(sys.argv[1]))"
+    proc = subprocess.run(
+        [sys.executable, "-W", "always", "-c", code, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    bad = [line for line in proc.stderr.splitlines() if re.search(r"warn|careful|!!", line, re.I)]
+    assert not bad, "\n".join(bad)
+    with zipfile.ZipFile(tmp_path / proc.stdout.split()[-1]) as z:
+        pth = [n for n in z.namelist() if n.endswith(".pth")]
+        assert len(pth) == 1 and pth[0].startswith("__editable__.treesearch-"), pth
+        assert z.read(pth[0]).decode().split() == [str(ROOT)]  # the project root on sys.path
