@@ -290,3 +290,40 @@ def test_under_a_cache_budget_rows_own_runs_are_read_in_place(tiny_lm, monkeypat
         packed[budget] = ([p.packed is not None for p in plans], [g.token_ids for g in out])
     assert all(packed[None][0]) and not any(packed[10**9][0])
     assert packed[None][1] == packed[10**9][1]
+
+
+def test_with_two_threads_the_attention_runs_on_one_and_the_step_is_the_same(tiny_lm, monkeypatch):
+    """`SERIAL_ATTENTION`: under 2 torch threads each layer's attention runs on one thread (its small
+    ops would each pay a fork/join) and the dense products on both; the count is restored after every
+    layer, also when the attention raises; tokens are identical and logits within 1e-5 either way."""
+    torch.set_num_threads(2)
+    seen: list[int] = []
+    attend = decoder.Decoder._attend
+
+    def counting(self, *a, **kw):
+        seen.append(torch.get_num_threads())
+        return attend(self, *a, **kw)
+
+    monkeypatch.setattr(decoder.Decoder, "_attend", counting)
+    base = words(20)
+    prompts = [base + f" Row {b}:" + words(b + 2, b) for b in range(4)]
+    runs = {}
+    for serial in (False, True):
+        monkeypatch.setattr(decoder, "SERIAL_ATTENTION", serial)
+        seen.clear()
+        runs[serial] = decode_both(
+            tiny_lm, prompts, [base], Sampling(max_new_tokens=6, ignore_eos=True), (True,)
+        )
+        assert set(seen) == ({1} if serial else {2}) and torch.get_num_threads() == 2
+    (plain, plain_steps), (serial, serial_steps) = runs[False][True], runs[True][True]
+    assert [g.token_ids for g in serial] == [g.token_ids for g in plain]
+    for a, b in zip(plain_steps, serial_steps):
+        assert (a - b).abs().max().item() <= 1e-5
+
+    def failing(self, *a, **kw):
+        raise RuntimeError("attention failed")
+
+    monkeypatch.setattr(decoder.Decoder, "_attend", failing)
+    with pytest.raises(RuntimeError, match="attention failed"):
+        Engine(tiny_lm).generate(prompts, Sampling(max_new_tokens=2, ignore_eos=True))
+    assert torch.get_num_threads() == 2

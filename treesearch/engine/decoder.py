@@ -50,6 +50,11 @@ ATTENTION = "math"
 # time, and so are all runs under a cache budget (the copy is K/V memory the budget would not
 # count: `Forward.pack_own_runs`).
 PACK_SINGLES_BYTES = 8 << 20
+# The attention's products are small (a few query rows per kv head), and a row's own runs are read
+# one at a time: with torch's intra-op threads each small op pays a fork/join. On 2 cores, Game of 24
+# at 16 searches in flight, a 14-row step took 297 ms with 2 threads, 140 ms with 1 and 127 ms with
+# the attention on one thread and the dense products on 2 (README, Running a test set).
+SERIAL_ATTENTION = True
 
 MODEL_TYPES = ("llama", "qwen2")  # the same decoder layer; Qwen2 adds q/k/v biases and its RoPE base
 _DECODERS: weakref.WeakKeyDictionary[Any, Decoder] = weakref.WeakKeyDictionary()
@@ -195,8 +200,19 @@ class Decoder:
             else torch.zeros(bsz, 1, 1, t).masked_fill_(~valid[:, None, None, :], float("-inf"))
         )
         plan = Plan(batch, write_pos, mask, pack_bytes=PACK_SINGLES_BYTES if pack else 0)
+        threads = torch.get_num_threads()
+        serial = SERIAL_ATTENTION and threads > 1
         for i, lw in enumerate(self.layers):
-            x = self.dense(lw, self._attend(i, lw.qkv(self._norm(x)), cos, sin, plan), x)
+            qkv = lw.qkv(self._norm(x))
+            if serial:  # the attention's small ops on this thread alone, the products on all
+                torch.set_num_threads(1)
+                try:
+                    attn = self._attend(i, qkv, cos, sin, plan)
+                finally:
+                    torch.set_num_threads(threads)
+            else:
+                attn = self._attend(i, qkv, cos, sin, plan)
+            x = self.dense(lw, attn, x)
         return self.head(self._norm(x))
 
     def dense(self, lw: Layer, attn: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
