@@ -39,9 +39,8 @@ import torch.nn.functional as F
 from treesearch.cache.attention import BatchKV
 
 PACK_ROWS = 4  # oneDNN's batch-size hint for packing: 4 and 16 stream alike at 1..16 rows, 1 is slower
-# "math" (matmul, softmax with its log-normaliser, matmul) or "flash" (SDPA's CPU flash kernel,
-# which also returns the log-sum-exp): measured per step in examples/measure_kv.py decode; flash
-# was several times slower over a 1,000-token prefix with a decode step's few query rows.
+# "math" (matmul, softmax with its log-normaliser, matmul) or "flash" (SDPA's CPU flash kernel): per
+# step in examples/measure_kv.py decode, flash was several times slower over a 1,000-token prefix.
 ATTENTION = "math"
 # The runs each read by one row are copied side by side into one padded K/V block per step (two
 # matrix products per layer for all rows, not two per row and run) when that block takes at most
@@ -50,10 +49,8 @@ ATTENTION = "math"
 # time, and so are all runs under a cache budget (the copy is K/V memory the budget would not
 # count: `Forward.pack_own_runs`).
 PACK_SINGLES_BYTES = 8 << 20
-# The attention's products are small (a few query rows per kv head), and a row's own runs are read
-# one at a time: with torch's intra-op threads each small op pays a fork/join. On 2 cores, Game of 24
-# at 16 searches in flight, a 14-row step took 297 ms with 2 threads, 140 ms with 1 and 127 ms with
-# the attention on one thread and the dense products on 2 (README, Running a test set).
+# The attention's small products each pay an intra-op fork/join: run them on one thread, the dense
+# products on all (2 cores, a 14-row step: 297 ms -> 127 ms; README, Running a test set).
 SERIAL_ATTENTION = True
 
 MODEL_TYPES = ("llama", "qwen2")  # the same decoder layer; Qwen2 adds q/k/v biases and its RoPE base
