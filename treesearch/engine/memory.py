@@ -1,5 +1,5 @@
 """The K/V a running generate row holds, against the budget: admission (its chain pinned and
-resident, its uncached context and first decode chunk reserved), one more chunk as it generates,
+resident, its uncached context and first decode chunk reserved), a bigger chunk as it generates,
 the preemption order, and giving it all back (`treesearch.engine.scheduler` decides when)."""
 
 from __future__ import annotations
@@ -50,6 +50,30 @@ class RowMemory:
         """Slots of its next decode chunk: a block, or what is left of its fed tokens."""
         left = g.sampling.max_new_tokens - max(1, len(g.gens))  # fed tokens still to come
         return max(0, min(self.cache.store.block_size, left))
+
+    def regrow(self, g: GenRow) -> bool:
+        """Replace a full row's chunks with one that holds their tokens and room for half as many
+        again (at least a block): its decode K/V stays one run, so a step's attention reads it in
+        one product per layer, not one per block. False, nothing changed, when the budget has no
+        room for the copy beside the old chunks (the row then grows by a block)."""
+        used = sum(u for _, u in g.chunks)
+        left = g.sampling.max_new_tokens - max(1, len(g.gens))  # fed tokens still to come
+        extra = min(left, max(self.cache.store.block_size, used // 2))
+        if used == 0 or extra <= 0:
+            return False
+        bpt = self.cache.store.bytes_per_token
+        try:
+            self.cache.reserve((used + extra) * bpt)
+        except CacheBudgetError:
+            return False
+        new = self.chunk(used + extra)
+        off = 0
+        for kv, u in g.chunks:
+            new[:, :, :, off : off + u] = kv[:, :, :, :u]
+            off += u
+        self.cache.unreserve(g.chunk_bytes)
+        g.chunks, g.chunk_bytes = [[new, used]], (used + extra) * bpt
+        return True
 
     def chunk(self, n: int) -> torch.Tensor:
         lm = self.lm

@@ -13,7 +13,8 @@ One step (under the engine's lock, run by whichever waiting thread finds no step
    parts run as one forward (a cohort); a row whose prompt is in samples its first token, so a
    long prompt is prefilled over several steps, each beside the decode below;
 3. every running row feeds its last token through one decode forward (`Forward.step`) over its
-   chain, its prompt parts and its chunks; a row whose chunk is full first reserves one more
+   chain, its prompt parts and its chunks; a row whose chunk is full is first copied into one
+   chunk half as big again (`RowMemory.regrow`) or, with no room for the copy, reserves one more
    block, and when even that cannot fit, the admitted row (running or filling) of lowest omega
    (LRU: the latest admitted) is preempted: its K/V freed, requeued first, recomputed when
    readmitted (lossless: it keeps its tokens and its sampler);
@@ -210,6 +211,8 @@ class Scheduler:
         """One more chunk for a row whose chunks are full, preempting others (or it) if need be."""
         n = self.memory.chunk_tokens(g)
         assert n > 0, "a running row with no slot left would have ended"
+        if self.memory.regrow(g):
+            return
         while g in self.running:
             try:
                 self.engine.cache.reserve(n * self.engine.cache.store.bytes_per_token)
