@@ -49,30 +49,39 @@ def test_a_tight_budget_preempts_one_row_and_changes_no_token(tiny_lm, alone, ev
 
 
 @pytest.mark.parametrize(
-    ("room", "shapes"),
+    ("room", "shapes", "runs_seen"),
     [
-        (None, [(1, 16), (1, 32), (1, 39)]),  # unbounded: one chunk, copied into one half as big again
-        (48, [(1, 16), (1, 32), (2, 7)]),  # room for the first copy (16 + 32), not the second (32 + 39)
-        (40, [(1, 16), (2, 16), (3, 7)]),  # room for no copy: a block at a time, as before
+        # unbounded: the 6 prompt tokens and 16 fed tokens copied into one chunk with room for 16
+        # more (38), then 6 + 32 into one with room for the 7 left to feed (45)
+        (None, [(1, 16), (1, 38), (1, 45)], {1, 2}),
+        (54, [(1, 16), (1, 38), (2, 7)], {1, 2}),  # room for the first copy beside the old only
+        (48, [(1, 16), (2, 16), (3, 7)], {2, 3, 4}),  # room for no copy: a block at a time
     ],
 )
-def test_a_growing_row_keeps_its_decode_kv_in_one_chunk_where_the_budget_has_room_for_the_copy(
-    tiny_lm, alone, room, shapes
+def test_a_growing_row_keeps_its_own_kv_in_one_chunk_where_the_budget_has_room_for_the_copy(
+    tiny_lm, alone, room, shapes, runs_seen
 ):
-    """A full row's chunks are copied into one chunk with room for half as many tokens again (at
-    least a block, at most what it has left to feed), so a decode step reads its K/V as one run; a
-    budget without room for the copy beside the old chunks grows it by a block. The tokens are the
-    same either way. shapes: (chunks, capacity of the last) seen over the running row's steps."""
-    n = len(Engine(tiny_lm).tokenize(PROMPTS[0]))
-    budget = None if room is None else (n + room) * tiny_lm.kv_bytes_per_token
+    """A full row's own K/V (its prompt part and its chunks) is copied into one chunk with room for
+    half as many decode tokens again (at least a block, at most what it has left to feed), so a
+    decode step reads it as one run; a budget without room for the copy beside the old grows it by
+    a block. The tokens are the same either way. shapes: (chunks, capacity of the last) seen over
+    the running row's steps; runs_seen: how many runs its own K/V was read as."""
+    assert len(Engine(tiny_lm).tokenize(PROMPTS[0])) == 6
+    budget = None if room is None else (6 + room) * tiny_lm.kv_bytes_per_token
     eng = Engine(tiny_lm, RKSCConfig(cache_budget=budget))
     seen: set[tuple[int, int]] = set()
-    eng.scheduler.on_step = lambda: seen.update(
-        (len(g.chunks), g.chunks[-1][0].shape[3]) for g in eng.scheduler.running
-    )
+    runs: set[int] = set()
+
+    def look() -> None:
+        for g in eng.scheduler.running:
+            seen.add((len(g.chunks), g.chunks[-1][0].shape[3]))
+            runs.add(len(g.own_runs()))
+
+    eng.scheduler.on_step = look
     out = eng.generate(PROMPTS[:1], Sampling(max_new_tokens=40, ignore_eos=True))
     assert out[0].token_ids == alone[0]
     assert sorted(seen) == shapes
+    assert runs == runs_seen
     assert eng.store.reserved == 0 and (budget is None or eng.store.peak_bytes <= budget)
 
 

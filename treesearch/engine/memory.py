@@ -52,27 +52,30 @@ class RowMemory:
         return max(0, min(self.cache.store.block_size, left))
 
     def regrow(self, g: GenRow) -> bool:
-        """Replace a full row's chunks with one that holds their tokens and room for half as many
-        again (at least a block): its decode K/V stays one run, so a step's attention reads it in
-        one product per layer, not one per block. False, nothing changed, when the budget has no
-        room for the copy beside the old chunks (the row then grows by a block)."""
+        """Replace a full row's own K/V (its prompt parts and its chunks) with one chunk that holds
+        it and room for half as many decode tokens again (at least a block): one run, so a step's
+        attention reads it in one product per layer, not one per part and block. False, nothing
+        changed, when the budget has no room for the copy beside the old (it then grows by a block)."""
         used = sum(u for _, u in g.chunks)
         left = g.sampling.max_new_tokens - max(1, len(g.gens))  # fed tokens still to come
         extra = min(left, max(self.cache.store.block_size, used // 2))
         if used == 0 or extra <= 0:
             return False
+        runs = [kv[:, :, :, :n] for kv, n in g.own_runs()]
+        held = sum(r.shape[3] for r in runs)
         bpt = self.cache.store.bytes_per_token
         try:
-            self.cache.reserve((used + extra) * bpt)
+            self.cache.reserve((held + extra) * bpt)
         except CacheBudgetError:
             return False
-        new = self.chunk(used + extra)
+        new = self.chunk(held + extra)
         off = 0
-        for kv, u in g.chunks:
-            new[:, :, :, off : off + u] = kv[:, :, :, :u]
-            off += u
+        for r in runs:
+            new[:, :, :, off : off + r.shape[3]] = r
+            off += r.shape[3]
         self.cache.unreserve(g.chunk_bytes)
-        g.chunks, g.chunk_bytes = [[new, used]], (used + extra) * bpt
+        self._leave_cohorts(g)
+        g.chunks, g.chunk_bytes = [[new, held]], (held + extra) * bpt
         return True
 
     def chunk(self, n: int) -> torch.Tensor:
@@ -93,14 +96,18 @@ class RowMemory:
         cache = self.cache
         cache.unreserve(g.chunk_bytes + g.fill_bytes)
         g.chunks, g.chunk_bytes, g.fill_bytes, g.filled = [], 0, 0, 0
+        self._leave_cohorts(g)
+        cache.store.unpin(g.pinned)
+        g.pinned = []
+
+    def _leave_cohorts(self, g: GenRow) -> None:
+        """The row no longer reads its prompt parts: each cohort's buffer goes with its last row."""
         for cohort, _, _ in g.parts:
             cohort.live -= 1
             if cohort.live == 0:
-                cache.unreserve(cohort.nbytes)
+                self.cache.unreserve(cohort.nbytes)
                 cohort.batch = None
         g.parts = []
-        cache.store.unpin(g.pinned)
-        g.pinned = []
 
     def no_room(self, g: GenRow) -> CacheBudgetError:
         store = self.cache.store
