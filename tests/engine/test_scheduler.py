@@ -54,7 +54,7 @@ def test_a_tight_budget_preempts_one_row_and_changes_no_token(tiny_lm, alone, ev
         # unbounded: the 6 prompt tokens and 16 fed tokens copied into one chunk with room for 16
         # more (38), then 6 + 32 into one with room for the 7 left to feed (45)
         (None, [(1, 16), (1, 38), (1, 45)], {1, 2}),
-        (54, [(1, 16), (1, 38), (2, 7)], {1, 2}),  # room for the first copy beside the old only
+        (70, [(1, 16), (1, 38), (2, 7)], {1, 2}),  # free room for the first copy beside the old only
         (48, [(1, 16), (2, 16), (3, 7)], {2, 3, 4}),  # room for no copy: a block at a time
     ],
 )
@@ -63,9 +63,10 @@ def test_a_growing_row_keeps_its_own_kv_in_one_chunk_where_the_budget_has_room_f
 ):
     """A full row's own K/V (its prompt part and its chunks) is copied into one chunk with room for
     half as many decode tokens again (at least a block, at most what it has left to feed), so a
-    decode step reads it as one run; a budget without room for the copy beside the old grows it by
-    a block. The tokens are the same either way. shapes: (chunks, capacity of the last) seen over
-    the running row's steps; runs_seen: how many runs its own K/V was read as."""
+    decode step reads it as one run; a budget without free room for the copy beside the old (a
+    copy evicts nothing) grows it by a block. The tokens are the same either way. shapes: (chunks,
+    capacity of the last) seen over the running row's steps; runs_seen: how many runs its own K/V
+    was read as."""
     assert len(Engine(tiny_lm).tokenize(PROMPTS[0])) == 6
     budget = None if room is None else (6 + room) * tiny_lm.kv_bytes_per_token
     eng = Engine(tiny_lm, RKSCConfig(cache_budget=budget))

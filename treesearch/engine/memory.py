@@ -55,7 +55,8 @@ class RowMemory:
         """Replace a full row's own K/V (its prompt parts and its chunks) with one chunk that holds
         it and room for half as many decode tokens again (at least a block): one run, so a step's
         attention reads it in one product per layer, not one per part and block. False, nothing
-        changed, when the budget has no room for the copy beside the old (it then grows by a block)."""
+        changed, when the budget has no free room for the copy beside the old (it then grows by a
+        block, which may evict)."""
         used = sum(u for _, u in g.chunks)
         left = g.sampling.max_new_tokens - max(1, len(g.gens))  # fed tokens still to come
         extra = min(left, max(self.cache.store.block_size, used // 2))
@@ -63,11 +64,13 @@ class RowMemory:
             return False
         runs = [kv[:, :, :, :n] for kv, n in g.own_runs()]
         held = sum(r.shape[3] for r in runs)
-        bpt = self.cache.store.bytes_per_token
-        try:
-            self.cache.reserve((held + extra) * bpt)
-        except CacheBudgetError:
-            return False
+        bpt, store = self.cache.store.bytes_per_token, self.cache.store
+        if (
+            store.budget is not None
+            and (held + extra) * bpt > store.budget - store.bytes_held - store.reserved
+        ):
+            return False  # only in free room: a copy is worth no cached block's eviction
+        self.cache.reserve((held + extra) * bpt)
         new = self.chunk(held + extra)
         off = 0
         for r in runs:
