@@ -63,6 +63,7 @@ def _components(docs: dict) -> str:
     skipped = sum((mode(docs.get(w), "rksc") or {}).get("verify_skipped") or 0 for w in SPEED_WORKLOADS)
     recomputed = sum((mode(docs.get(w), "rksc") or {}).get("recomputed_tokens") or 0 for w in SPEED_WORKLOADS)
     attached = sum((mode(docs.get(w), "rksc") or {}).get("asks_attached") or 0 for w in SPEED_WORKLOADS)
+    preempted = sum((mode(docs.get(w), "rksc") or {}).get("preemptions") or 0 for w in SPEED_WORKLOADS)
     calls_ex = sum((mode(docs.get(w), "exact") or {}).get("model_calls") or 0 for w in SPEED_WORKLOADS)
     calls_rk = sum((mode(docs.get(w), "rksc") or {}).get("model_calls") or 0 for w in SPEED_WORKLOADS)
     parts = []
@@ -76,7 +77,8 @@ def _components(docs: dict) -> str:
         parts.append(
             f"rksc vs exact {_x(statistics.mean(rk.values()))} mean: CGEE skipped {skipped} of {calls} "
             f"verifications, ASKS attached {attached} rows, RSBCM (25% of exact's peak KV) recomputed "
-            f"{recomputed} tokens and split batches to fit: {calls_rk} model calls vs exact's {calls_ex}"
+            f"{recomputed} tokens ({preempted} rows preempted, evicted blocks computed again) to stay "
+            f"inside it: {calls_rk} model calls vs exact's {calls_ex}"
         )
     return "; ".join(parts)
 
