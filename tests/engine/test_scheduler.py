@@ -61,9 +61,9 @@ def test_a_tight_budget_preempts_one_row_and_changes_no_token(tiny_lm, alone, ev
 def test_a_growing_row_keeps_its_own_kv_in_one_chunk_where_the_budget_has_room_for_the_copy(
     tiny_lm, alone, room, shapes, runs_seen
 ):
-    """A full row's own K/V (its prompt part and its chunks) is copied into one chunk with room for
-    half as many decode tokens again (at least a block, at most what it has left to feed), so a
-    decode step reads it as one run; a budget without free room for the copy beside the old (a
+    """A full row's own K/V (its prompt part, its cohort's only reader, and its chunks) is copied
+    into one chunk with room for a block more (at most what it has left to feed), so a decode step
+    reads it as one run; a budget without free room for the copy beside the old (a
     copy evicts nothing) grows it by a block. The tokens are the same either way. shapes: (chunks,
     capacity of the last) seen over the running row's steps; runs_seen: how many runs its own K/V
     was read as."""

@@ -300,7 +300,7 @@ def test_any_budget_gives_the_unbounded_tree_or_refuses_at_the_start(tiny_lm, fr
 @pytest.mark.real_model
 def test_game24_search_at_its_least_budget_is_the_unbounded_search(real_lm):
     """The default model under the tightest budget that runs it: stats.least_budget_bytes of the
-    unbounded search (puzzle 4 5 6 10: 40% of its peak K/V, the pinned prompts plus one row's
+    unbounded search (puzzle 4 5 6 10: 35% of its peak K/V, the pinned prompts plus one row's
     context and batch buffer) gives the same tree, evicting and recomputing 39 of 705 prefill
     tokens; one byte less stops the search with CacheBudgetError, its tree kept."""
     from treesearch.tasks import Game24
@@ -317,7 +317,9 @@ def test_game24_search_at_its_least_budget_is_the_unbounded_search(real_lm):
 
     _, full = run(None)
     least = full.stats["least_budget_bytes"]
-    assert least == 26219520 and full.stats["peak_kv_bytes"] == 62346240
+    # the peak is the step where the longest row's K/V is copied into one chunk (RowMemory.regrow:
+    # its old and new chunks at once, 313 tokens); growing block by block it was 62,346,240
+    assert least == 26219520 and full.stats["peak_kv_bytes"] == 74557440
     s, tight = run(least)
     assert _signature(tight.tree) == _signature(full.tree)
     for n in full.tree.graph:

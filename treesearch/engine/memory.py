@@ -52,17 +52,20 @@ class RowMemory:
         return max(0, min(self.cache.store.block_size, left))
 
     def regrow(self, g: GenRow) -> bool:
-        """Replace a full row's own K/V (its prompt parts and its chunks) with one chunk that holds
-        it and room for half as many decode tokens again (at least a block): one run, so a step's
-        attention reads it in one product per layer, not one per part and block. False, nothing
-        changed, when the budget has no free room for the copy beside the old (it then grows by a
-        block, which may evict)."""
+        """Replace a full row's chunks with one that holds their tokens and room for a block more,
+        and take its prompt parts in too where it is the last row reading their cohorts (whose
+        buffers then go): its own K/V stays one or two runs, so a step's attention reads it in one
+        or two products per layer, not one per part and block. Copying costs a few MB over a
+        row's life, and only the step that copies holds old and new at once. False, nothing
+        changed, when the budget has no free room for the copy (the row then grows by a block,
+        which may evict)."""
         used = sum(u for _, u in g.chunks)
         left = g.sampling.max_new_tokens - max(1, len(g.gens))  # fed tokens still to come
-        extra = min(left, max(self.cache.store.block_size, used // 2))
+        extra = min(left, self.cache.store.block_size)
         if used == 0 or extra <= 0:
             return False
-        runs = [kv[:, :, :, :n] for kv, n in g.own_runs()]
+        last = all(cohort.live == 1 for cohort, _, _ in g.parts)  # else the parts stay where they are
+        runs = [kv[:, :, :, :n] for kv, n in (g.own_runs() if last else g.chunks) if n]
         held = sum(r.shape[3] for r in runs)
         bpt, store = self.cache.store.bytes_per_token, self.cache.store
         if (
@@ -77,7 +80,8 @@ class RowMemory:
             new[:, :, :, off : off + r.shape[3]] = r
             off += r.shape[3]
         self.cache.unreserve(g.chunk_bytes)
-        self._leave_cohorts(g)
+        if last:
+            self._leave_cohorts(g)
         g.chunks, g.chunk_bytes = [[new, held]], (held + extra) * bpt
         return True
 

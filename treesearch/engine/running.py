@@ -4,10 +4,10 @@ generate rows while they run (tokens so far, own sampler, own K/V) and its score
 A generate row's own K/V lives in two places, both counted against the budget: its prompt parts
 (the rows prefilled in one forward, a cohort, share one `BatchKV`; row b's part is a prefix run
 read in place; a long prompt is prefilled in several parts, one per step) and decode chunks: a
-full chunk is copied into one half as big again (`RowMemory.regrow`), or, with no room for the copy,
-joined by a block. So a row that joins a running batch later attends
-over its cached chain, then its prompt parts, then its chunks, exactly the context it would have
-alone.
+full chunk is copied into one with room for a block more, the prompt parts with it once no other
+row reads their cohort (`RowMemory.regrow`), or, with no room for the copy, joined by a block.
+So a row that joins a running batch later attends over its cached chain, then its prompt parts,
+then its chunks, exactly the context it would have alone.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ One step (under the engine's lock, run by whichever waiting thread finds no step
    long prompt is prefilled over several steps, each beside the decode below;
 3. every running row feeds its last token through one decode forward (`Forward.step`) over its
    chain, its prompt parts and its chunks; a row whose chunk is full is first copied into one
-   chunk half as big again (`RowMemory.regrow`) or, with no room for the copy, reserves one more
+   chunk a block bigger (`RowMemory.regrow`) or, with no room for the copy, reserves one more
    block, and when even that cannot fit, the admitted row (running or filling) of lowest omega
    (LRU: the latest admitted) is preempted: its K/V freed, requeued first, recomputed when
    readmitted (lossless: it keeps its tokens and its sampler);
