@@ -236,10 +236,12 @@ class CacheManager:
             + len(rows) * (longest + extra) * store.bytes_per_token
         )
 
-    def check_budget(self, rows: list[Row], extra: int) -> None:
+    def check_budget(self, rows: list[Row], extra: int, *, fail: bool = True) -> None:
         """Fail before any work when the budget cannot run every row: what must stay cached (the
         pinned prompts, and the new prompt K/V of rows whose prompts are pinned) plus the largest
-        need of any one row alone (its context and its batch buffer)."""
+        need of any one row alone (its context and its batch buffer). fail=False (the engine's, while
+        other calls' rows run): only record the least budget, since those rows' pins count here and
+        go as they end; the call waits, and the scheduler fails it if alone it cannot fit."""
         if not rows:
             return
         budget = self.store.budget
@@ -249,7 +251,7 @@ class CacheManager:
         )
         for st in distinct([r.stats or self.stats for r in rows]):  # the least budget that runs it
             st.least_budget_bytes = max(st.least_budget_bytes, need)
-        if budget is not None and need > budget:
+        if fail and budget is not None and need > budget:
             bpt = self.store.bytes_per_token
             raise CacheBudgetError(
                 f"cache_budget={budget} bytes cannot run this call: the pinned prompts and one row's "

@@ -252,7 +252,7 @@ class Engine:
                 )
         if self.config.shares:
             self.cache.lookup(rows)
-        self.cache.check_budget(rows, extra)
+        self.cache.check_budget(rows, extra, fail=not self.scheduler.rows_held())
         return rows
 
     def plan_rows(self, rows: list[Row]) -> None:
