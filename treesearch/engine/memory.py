@@ -59,15 +59,14 @@ class RowMemory:
         row's life, and only the step that copies holds old and new at once. False, nothing
         changed, when the budget has no free room for the copy (the row then grows by a block,
         which may evict)."""
-        used = sum(u for _, u in g.chunks)
-        left = g.sampling.max_new_tokens - max(1, len(g.gens))  # fed tokens still to come
-        extra = min(left, self.cache.store.block_size)
-        if used == 0 or extra <= 0:
+        extra = self.chunk_tokens(g)  # a block, or what is left of its fed tokens
+        if not g.chunks or extra <= 0:
             return False
         last = all(cohort.live == 1 for cohort, _, _ in g.parts)  # else the parts stay where they are
         runs = [kv[:, :, :, :n] for kv, n in (g.own_runs() if last else g.chunks) if n]
         held = sum(r.shape[3] for r in runs)
-        bpt, store = self.cache.store.bytes_per_token, self.cache.store
+        store = self.cache.store
+        bpt = store.bytes_per_token
         if (
             store.budget is not None
             and (held + extra) * bpt > store.budget - store.bytes_held - store.reserved
