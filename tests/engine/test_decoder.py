@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.engine import decoder
+from treesearch.engine import decoder, runs_kernel
 from treesearch.engine.local import Engine
 from treesearch.models.load import tiny_model
 
@@ -76,11 +76,25 @@ def arch_lm(request, tiny_lm):
     return tiny_model(seed=0, arch="qwen2", tied=request.param == "qwen2-tied")
 
 
-@pytest.mark.parametrize("pack", [True, False], ids=["own-runs-packed", "own-runs-in-place"])
-@pytest.mark.parametrize("batch", [1, 3, 4, 6])
-def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(arch_lm, batch, pack, monkeypatch):
-    if not pack:
+def use_reader(reader: str, monkeypatch) -> None:
+    """How the step reads the runs rows read apart: the compiled kernel, or torch ops with the own
+    runs packed into one block or read in place row by row."""
+    if reader == "kernel":
+        if runs_kernel.load() is None:
+            pytest.skip(f"the runs kernel is {runs_kernel.reason()}")
+    else:
+        monkeypatch.setattr(decoder, "RUNS_KERNEL", False)
+    if reader == "in-place":
         monkeypatch.setattr(decoder, "PACK_SINGLES_BYTES", 0)
+
+
+READERS = ["kernel", "packed", "in-place"]
+
+
+@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("batch", [1, 3, 4, 6])
+def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(arch_lm, batch, reader, monkeypatch):
+    use_reader(reader, monkeypatch)
     base, more = words(20), words(9, 5)
     # cached: the shared base, base + more (rows 0..1 read it: a subset), row 0's own prompt (one row)
     prompts = [
@@ -93,14 +107,15 @@ def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(arch_lm, ba
     assert_same(out)
 
 
-@pytest.mark.parametrize("pack", [True, False], ids=["packed", "in-place"])
-def test_rows_own_runs_of_different_lengths_join_one_softmax(tiny_lm, pack, monkeypatch):
+@pytest.mark.parametrize("reader", READERS)
+def test_rows_own_runs_of_different_lengths_join_one_softmax(tiny_lm, reader, monkeypatch):
     """Each row reads the shared base, then two runs of its own (cached in two calls) whose lengths
-    differ from row to row: their scores, in one block padded to the longest row's, give the layer
-    path's logits, whether the runs are copied side by side into one K/V block for the step or read
-    in place row by row (PACK_SINGLES_BYTES = 0); the plan sees exactly those runs."""
-    if not pack:
-        monkeypatch.setattr(decoder, "PACK_SINGLES_BYTES", 0)
+    differ from row to row: they give the layer path's logits whether the compiled kernel reads them
+    (one table entry per row and run), or torch ops, their scores in one block padded to the longest
+    row's, with the runs copied side by side into one K/V block for the step or read in place row
+    by row (PACK_SINGLES_BYTES = 0); the plan sees exactly those runs."""
+    use_reader(reader, monkeypatch)
+    pack = reader == "packed"
     base = words(16)
     own = [words(2 + 3 * b, b) for b in range(4)]
     more = [words(5 - b, 7 + b) for b in range(4)]
@@ -121,6 +136,13 @@ def test_rows_own_runs_of_different_lengths_join_one_softmax(tiny_lm, pack, monk
     assert_same(out)
     first = plans[-1]  # the last step of the prompts (every row still running)
     assert len(first.shared) == 1 and not first.parts
+    if reader == "kernel":  # the same four runs a row, as table entries: (..., length) sorted by row
+        assert first.runs is not None and not first.singles and first.packed is None
+        assert first.runs.row_ptr.tolist() == [0, 4, 8, 12, 16]
+        lens = first.runs.table[:, 5].view(4, 4).sum(1).tolist()
+        assert len(set(lens)) > 1
+        return
+    assert first.runs is None
     assert sorted(first.singles) == [0, 1, 2, 3]
     # its two cached runs, then its own K/V as the scheduler keeps it: its part of the prefill
     # buffer and its decode chunk
@@ -266,7 +288,9 @@ def test_softmax_with_its_log_normaliser_equals_softmax_and_logsumexp(rows, widt
 
 def test_under_a_cache_budget_rows_own_runs_are_read_in_place(tiny_lm, monkeypatch):
     """The packed block of own runs is a K/V copy the cache budget does not count, so an engine with
-    a budget never makes it (its steps read every run in place); without one it does."""
+    a budget never makes it (its steps read every run in place); without one it does (torch ops; the
+    compiled kernel never copies)."""
+    monkeypatch.setattr(decoder, "RUNS_KERNEL", False)
     base = words(16)
     prompts = [base + words(3 + b, b) + f" Row {b}:" for b in range(3)]
     plans = []

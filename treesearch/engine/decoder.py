@@ -10,13 +10,15 @@ about 40 small ops per layer (views included) over weights packed once per model
   The packed weights are a second copy (the model's weight bytes again, held per model). Each
   RMSNorm's weight is folded into the projection after it, and the attention scale into q's rows.
 - RoPE as x cos + roll(x, d/2) sin', sin' = sin with its first half negated (rotate_half in one op).
-- Attention ("math", `_attend_joint`): one softmax over each row's buffer, the cached runs every
-  row reads and the row's own runs, their scores side by side (K/V read in place; only the rows'
-  own runs, when short and no cache budget is set, are copied into one block per step).
-  Runs that only some rows read (and every run, with `ATTENTION = "flash"`: SDPA's CPU flash kernel,
-  slower here for a step's few query rows) are parts with their log-sum-exp l_i, merged at once
-  (per row, head and query): out = sum_i e^{l_i - m} o_i / sum_i e^{l_i - m}, m = max_i l_i (the
-  Hydragen decomposition, as in `treesearch.cache.attention`).
+- Attention ("math", `_attend_joint`): one softmax over each row's buffer and the cached runs every
+  row reads, their scores side by side (K/V read in place). The runs a row reads apart from the
+  others (its own, and runs only some rows read) are merged into it by the compiled kernel of
+  `treesearch.engine.runs_kernel`, one call per layer, in place (`RUNS_KERNEL`). Without it:
+  the row's own runs join the softmax (copied into one block per step when short and no cache
+  budget is set), and runs that only some rows read (and every run, with `ATTENTION = "flash"`:
+  SDPA's CPU flash kernel, slower here for a step's few query rows) are parts with their
+  log-sum-exp l_i, merged at once (per row, head and query): out = sum_i e^{l_i - m} o_i /
+  sum_i e^{l_i - m}, m = max_i l_i (the Hydragen decomposition, as in `treesearch.cache.attention`).
 
 torch.compile was measured against this step and lost at every granularity tried
 (`examples/measure_kv.py compile`; README, Performance), so nothing here is compiled.
@@ -37,6 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from treesearch.cache.attention import BatchKV
+from treesearch.engine import runs_kernel
+from treesearch.engine.step_plan import Plan
 
 PACK_ROWS = 4  # oneDNN's batch-size hint for packing: 4 and 16 stream alike at 1..16 rows, 1 is slower
 # "math" (matmul, softmax with its log-normaliser, matmul) or "flash" (SDPA's CPU flash kernel): per
@@ -52,6 +56,10 @@ PACK_SINGLES_BYTES = 8 << 20
 # The attention's small products each pay an intra-op fork/join: run them on one thread, the dense
 # products on all (2 cores, a 14-row step: 297 ms -> 127 ms; README, Running a test set).
 SERIAL_ATTENTION = True
+# The runs each row reads apart from the others (its own, and runs some rows read) through the
+# compiled kernel of `treesearch.engine.runs_kernel` where it builds: one call per layer instead of
+# two products per row and run (False: always the torch ops below).
+RUNS_KERNEL = True
 
 MODEL_TYPES = ("llama", "qwen2")  # the same decoder layer; Qwen2 adds q/k/v biases and its RoPE base
 _DECODERS: weakref.WeakKeyDictionary[Any, Decoder] = weakref.WeakKeyDictionary()
@@ -196,7 +204,8 @@ class Decoder:
             if bool(valid.all())
             else torch.zeros(bsz, 1, 1, t).masked_fill_(~valid[:, None, None, :], float("-inf"))
         )
-        plan = Plan(batch, write_pos, mask, pack_bytes=PACK_SINGLES_BYTES if pack else 0)
+        kernel = runs_kernel.load() if RUNS_KERNEL and ATTENTION == "math" else None
+        plan = Plan(batch, write_pos, mask, PACK_SINGLES_BYTES if pack else 0, ATTENTION, kernel)
         threads = torch.get_num_threads()
         serial = SERIAL_ATTENTION and threads > 1
         for i, lw in enumerate(self.layers):
@@ -236,8 +245,11 @@ class Decoder:
         plan.k_new[layer].copy_(qk[:, heads:])
         plan.v_new[layer].copy_(qkv[:, (heads + hkv) * d :].view(bsz, hkv, d))
         if ATTENTION == "math":
-            one = bsz == 1 and not plan.singles and not plan.parts  # what a single row's batch always is
+            one = bsz == 1 and not plan.singles and not plan.parts and plan.runs is None
             out, lse = _attend_one(layer, q, plan) if one else _attend_joint(layer, q, plan)
+            if plan.runs is not None:  # every run read apart, merged in place in one kernel call
+                assert lse is not None
+                plan.runs.attend(plan.kernel, layer, q, out, lse)
         else:
             out, lse = _flash(q, plan.k_buf[layer].transpose(-1, -2), plan.v_buf[layer], plan.mask)
         if plan.parts:
@@ -261,80 +273,6 @@ class Decoder:
                 lses.append(lp)
             out = _merge(torch.cat(outs), torch.cat(lses), plan.rid, lse)
         return out.reshape(bsz, heads * d)
-
-
-class Plan:
-    """What one decode step's attention reads, as per-layer views made once per step (one `unbind`
-    per tensor, not a select per layer): the new token's K/V slots, the buffer so far (K transposed),
-    and the cached prefix runs sorted by who reads them. With ATTENTION "math" the runs every row
-    reads (`shared`) and the runs of one row (`singles`) join the buffer in one softmax
-    (`_attend_joint`); runs read by some rows (`parts`) are merged by log-sum-exp. With "flash"
-    every run is a part. The singles are copied side by side into one padded block (`packed`)
-    when that takes at most pack_bytes, else read in place row by row."""
-
-    def __init__(
-        self, batch: BatchKV, write_pos: int, mask: torch.Tensor | None, pack_bytes: int = 0
-    ) -> None:
-        t = write_pos + 1
-        bsz = batch.batch
-        self.mask = mask  # [B, 1, 1, t] or None (every buffer position valid)
-        self.k_new = batch.k[:, :, :, write_pos].unbind(0)  # L x [B, Hkv, d]
-        self.v_new = batch.v[:, :, :, write_pos].unbind(0)
-        self.k_buf = batch.k[:, :, :, :t].transpose(-1, -2).unbind(0)  # L x [B, Hkv, d, t]
-        self.v_buf = batch.v[:, :, :, :t].unbind(0)  # L x [B, Hkv, t, d]
-        self.shared: list[tuple] = []  # (L x K^T [Hkv, d, m], L x V [Hkv, m, d])
-        # row -> [(L x K^T, L x V, m)] in context order; (None, None, m) when packed (below)
-        self.singles: dict[int, list[tuple]] = {}
-        self.parts: list[tuple] = []  # (L x K [1, Hkv, m, d], L x V, rows: None, an int or a tensor)
-        rids = [torch.arange(bsz)]
-        own: dict[int, list[tuple]] = {}  # row -> [(K [L, Hkv, m, d], V, m)]
-        for kv, used, rows in batch.groups:
-            k, v = kv[:, 0, :, :used], kv[:, 1, :, :used]  # [L, Hkv, m, d]
-            if ATTENTION == "math" and (rows is None or rows.shape[0] == 1):
-                if rows is None:
-                    self.shared.append((k.transpose(-1, -2).unbind(0), v.unbind(0)))
-                else:
-                    own.setdefault(int(rows[0]), []).append((k, v, used))
-                continue
-            one = rows is not None and rows.shape[0] == 1
-            self.parts.append(
-                (
-                    k.unsqueeze(1).unbind(0),
-                    v.unsqueeze(1).unbind(0),
-                    int(rows[0]) if one and rows is not None else rows,
-                )
-            )
-            rids.append(torch.arange(bsz) if rows is None else rows)
-        self.single_len = max((sum(r[2] for r in runs) for runs in own.values()), default=0)
-        self.rid = torch.cat(rids)
-        self.packed: tuple | None = None  # (L x K^T [B, Hkv, d, S], L x V [B, Hkv, S, d], mask [B, 1, 1, S])
-        if (
-            own and batch.nbytes // batch.k.shape[3] * self.single_len <= pack_bytes
-        ):  # the buffer's bytes per position
-            self.packed = _pack(own, bsz, self.single_len, batch.k)
-            self.singles = {row: [(None, None, m) for _, _, m in runs] for row, runs in own.items()}
-        else:
-            self.singles = {
-                row: [(rk.transpose(-1, -2).unbind(0), rv.unbind(0), m) for rk, rv, m in runs]
-                for row, runs in own.items()
-            }
-
-
-def _pack(own: dict[int, list[tuple]], bsz: int, width: int, like: torch.Tensor) -> tuple:
-    """Each row's own runs side by side in one zero-padded K/V block [L, B, Hkv, width, d], with the
-    mask that hides the padding (-inf; a row with no runs of its own is all padding)."""
-    num_layers, _, hkv, _, d = like.shape
-    k = like.new_zeros(num_layers, bsz, hkv, width, d)
-    v = torch.zeros_like(k)
-    mask = like.new_full((bsz, 1, 1, width), float("-inf"))
-    for row, runs in own.items():
-        off = 0
-        for rk, rv, m in runs:
-            k[:, row, :, off : off + m] = rk
-            v[:, row, :, off : off + m] = rv
-            off += m
-        mask[row, :, :, :off] = 0.0
-    return k.transpose(-1, -2).unbind(0), v.unbind(0), mask
 
 
 def _fold(q: torch.Tensor) -> torch.Tensor:
@@ -393,7 +331,8 @@ def _attend_joint(layer: int, q: torch.Tensor, plan: Plan) -> tuple[torch.Tensor
                 off += m
         cols.append(block)
     scores = torch.cat(cols, dim=-1) if len(cols) > 1 else scores
-    p, lse = _softmax_lse(scores) if plan.parts else (torch.softmax(scores, dim=-1), None)
+    with_lse = plan.parts or plan.runs is not None
+    p, lse = _softmax_lse(scores) if with_lse else (torch.softmax(scores, dim=-1), None)
     t = plan.v_buf[layer].shape[-2]
     out = torch.matmul(p[..., :t], plan.v_buf[layer])
     for _, vs in plan.shared:

@@ -1,0 +1,222 @@
+"""A small compiled kernel for the decode step: each row's attention over the K/V runs that it
+reads apart from the other rows (its own runs, and runs only some rows read), merged into the
+row's softmax over the runs every row reads.
+
+Why: read with torch ops, every such run costs two small matrix products per row and layer (and
+a run read by some rows a log-sum-exp merge), about 60 ops a layer at 16 rows, each paying
+dispatch overhead far above its arithmetic (README, Performance: about 4 ms a row a step). This
+kernel reads them all in one call per layer, in place (no K/V is copied, so it runs under a cache
+budget too), from a table of pointers and strides made once per step.
+
+It is C, compiled on first use by the machine's C compiler (`$CC`, else `cc`) into the treesearch
+cache folder, and loaded with ctypes: no build step, no Python extension API. Where no compiler
+works, or `TREESEARCH_RUNS_KERNEL=0`, `load()` returns None and the decoder reads the runs with
+torch ops as before (`reason()` says why). The math is the same softmax, summed in another order
+(tests/engine/test_runs_kernel.py checks it against torch's to 1e-5).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from treesearch.models.paths import cache_dir
+
+# One row, one kv head: its g query heads' scores over every token of the row's runs, then the
+# softmax merged with the row's joint part (normalised output o and log-normaliser l: the state
+# m = l, sum = 1, acc = o of an online softmax), then the probabilities times V.
+SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+static inline float dot(const float *a, const float *b, int64_t d) {
+    float s = 0.0f;
+#pragma omp simd reduction(+:s)
+    for (int64_t x = 0; x < d; x++) s += a[x] * b[x];
+    return s;
+}
+
+/* table: per run 6 int64 (address of K at layer 0, head 0, token 0; layer stride; V - K offset;
+   head stride; token stride; length), strides in floats, runs sorted by row: row_ptr[b] ..
+   row_ptr[b + 1]. q: [rows, hkv, g, d] with row stride q_row; out [rows, hkv, g, d] and
+   lse [rows, hkv, g] (contiguous) hold the joint part and get the merged result.
+   Returns 0, or -1 when it could not allocate its scratch. */
+int ts_attend_runs(const float *q, int64_t q_row, float *out, const float *lse, int64_t rows,
+                   int64_t hkv, int64_t g, int64_t d, const int64_t *table, const int64_t *row_ptr,
+                   int64_t layer) {
+    int64_t most = 0;
+    for (int64_t b = 0; b < rows; b++) {
+        int64_t n = 0;
+        for (int64_t e = row_ptr[b]; e < row_ptr[b + 1]; e++) n += table[6 * e + 5];
+        if (n > most) most = n;
+    }
+    if (most == 0) return 0;
+    float *s = (float *)malloc(sizeof(float) * (size_t)(g * most + g * d + 2 * g));
+    if (!s) return -1;
+    float *acc = s + g * most, *den = acc + g * d, *top = den + g;
+    for (int64_t b = 0; b < rows; b++) {
+        int64_t e0 = row_ptr[b], e1 = row_ptr[b + 1];
+        if (e0 == e1) continue;
+        int64_t n = 0;
+        for (int64_t e = e0; e < e1; e++) n += table[6 * e + 5];
+        for (int64_t h = 0; h < hkv; h++) {
+            const float *qh = q + b * q_row + h * g * d;
+            float *oh = out + (b * hkv + h) * g * d;
+            const float *lh = lse + (b * hkv + h) * g;
+            int64_t t = 0;
+            for (int64_t e = e0; e < e1; e++) {
+                const int64_t *r = table + 6 * e;
+                const float *k = (const float *)(intptr_t)r[0] + layer * r[1] + h * r[3];
+                for (int64_t i = 0; i < r[5]; i++, t++, k += r[4])
+                    for (int64_t j = 0; j < g; j++) s[j * n + t] = dot(qh + j * d, k, d);
+            }
+            for (int64_t j = 0; j < g; j++) {
+                float m = lh[j];
+                for (int64_t i = 0; i < n; i++) m = s[j * n + i] > m ? s[j * n + i] : m;
+                float w = isinf(lh[j]) ? 0.0f : expf(lh[j] - m), sum = w;
+                for (int64_t i = 0; i < n; i++) {
+                    float p = expf(s[j * n + i] - m);
+                    s[j * n + i] = p;
+                    sum += p;
+                }
+                den[j] = sum;
+                top[j] = w;
+                for (int64_t x = 0; x < d; x++) acc[j * d + x] = w * oh[j * d + x];
+            }
+            t = 0;
+            for (int64_t e = e0; e < e1; e++) {
+                const int64_t *r = table + 6 * e;
+                const float *v = (const float *)(intptr_t)r[0] + r[2] + layer * r[1] + h * r[3];
+                for (int64_t i = 0; i < r[5]; i++, t++, v += r[4])
+                    for (int64_t j = 0; j < g; j++) {
+                        float p = s[j * n + t];
+                        float *aj = acc + j * d;
+#pragma omp simd
+                        for (int64_t x = 0; x < d; x++) aj[x] += p * v[x];
+                    }
+            }
+            for (int64_t j = 0; j < g; j++)
+                for (int64_t x = 0; x < d; x++) oh[j * d + x] = acc[j * d + x] / den[j];
+        }
+    }
+    free(s);
+    return 0;
+}
+"""
+
+_I64 = ctypes.c_int64
+_PTR = ctypes.c_void_p
+_state: dict[str, Any] = {}
+
+
+def _flags() -> list[str]:
+    """-O3 and SIMD reductions; AVX2/FMA where this CPU has them (no -march=native: a VM may
+    advertise instructions it does not allow)."""
+    flags = ["-O3", "-fopenmp-simd", "-fPIC", "-shared"]
+    try:
+        cpu = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpu = ""
+    if " avx2" in cpu and " fma" in cpu:
+        flags += ["-mavx2", "-mfma"]
+    return flags
+
+
+def _build() -> ctypes.CDLL:
+    """Compile SOURCE once per source and flags into the cache folder (atomically), then load it."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise OSError("no C compiler found (set CC, or install gcc)")
+    flags = _flags()
+    key = hashlib.sha256((SOURCE + " ".join(flags) + cc).encode()).hexdigest()[:16]
+    folder = cache_dir() / "kernels"
+    lib = folder / f"runs-{key}.so"
+    if not lib.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            src, out = Path(tmp) / "runs.c", Path(tmp) / "runs.so"
+            src.write_text(SOURCE)
+            done = subprocess.run(
+                [cc, *flags, "-o", str(out), str(src), "-lm"], capture_output=True, text=True, timeout=120
+            )
+            if done.returncode != 0:
+                raise OSError(f"{cc} failed: {done.stderr.strip()[-300:]}")
+            os.replace(out, lib)
+    dll = ctypes.CDLL(str(lib))
+    fn = dll.ts_attend_runs
+    fn.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64]
+    fn.restype = ctypes.c_int
+    return dll
+
+
+def load() -> Any:
+    """The compiled `ts_attend_runs`, or None where it cannot be had (see `reason()`); built once
+    per process."""
+    if "fn" not in _state:
+        if os.environ.get("TREESEARCH_RUNS_KERNEL", "1") == "0":
+            _state["fn"], _state["reason"] = None, "off: TREESEARCH_RUNS_KERNEL=0"
+        else:
+            try:
+                _state["fn"], _state["reason"] = _build().ts_attend_runs, "compiled"
+            except (OSError, subprocess.SubprocessError) as e:
+                _state["fn"], _state["reason"] = None, f"not available: {e}"
+    return _state["fn"]
+
+
+def reason() -> str:
+    """Why the kernel is or is not used in this process."""
+    load()
+    return str(_state["reason"])
+
+
+class RunTable:
+    """The runs that rows read apart, as the kernel's table: one entry per (row, run), sorted by
+    row. Built once per step from the runs' K/V tensors [L, 2, Hkv, n, d] (kept alive here)."""
+
+    def __init__(self, rows: int, runs: list[tuple[torch.Tensor, int, list[int]]]) -> None:
+        per_row: list[list[list[int]]] = [[] for _ in range(rows)]
+        self.keep = [kv for kv, _, _ in runs]
+        for kv, used, readers in runs:
+            s = kv.stride()
+            entry = [kv.data_ptr(), s[0], s[1], s[2], s[3], used]
+            for row in readers:
+                per_row[row].append(entry)
+        flat = [e for row in per_row for e in row]
+        self.table = torch.tensor(flat, dtype=torch.int64).reshape(-1, 6)
+        counts = torch.tensor([0] + [len(r) for r in per_row], dtype=torch.int64)
+        self.row_ptr = torch.cumsum(counts, 0)
+        self.entries = len(flat)
+
+    @staticmethod
+    def fits(kv: torch.Tensor) -> bool:
+        """A run's K/V the kernel can read: float32 on the CPU, [L, 2, Hkv, n, d] with d contiguous."""
+        return kv.dtype == torch.float32 and kv.device.type == "cpu" and kv.dim() == 5 and kv.stride(4) == 1
+
+    def attend(self, fn: Any, layer: int, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+        """Merge every row's runs into out [B, Hkv, g, d] (in place), given the joint part's out
+        and log-normaliser lse [B, Hkv, g] (both contiguous); q [B, Hkv, g, d], rows strided."""
+        bsz, hkv, g, d = q.shape
+        rc = fn(
+            q.data_ptr(),
+            q.stride(0),
+            out.data_ptr(),
+            lse.data_ptr(),
+            bsz,
+            hkv,
+            g,
+            d,
+            self.table.data_ptr(),
+            self.row_ptr.data_ptr(),
+            layer,
+        )
+        if rc != 0:
+            raise MemoryError("the runs kernel could not allocate its scratch")
