@@ -50,7 +50,12 @@ class Plan:
         self.single_len = 0
         self.rid = torch.arange(bsz)
         apart = [(kv, used, rows) for kv, used, rows in batch.groups if rows is not None]
-        if attention == "math" and kernel is not None and apart and all(RunTable.fits(kv) for kv, _, _ in apart):
+        if (
+            attention == "math"
+            and kernel is not None
+            and apart
+            and all(RunTable.fits(kv) for kv, _, _ in apart)
+        ):
             for kv, used, rows in batch.groups:
                 if rows is None:
                     k, v = kv[:, 0, :, :used], kv[:, 1, :, :used]
