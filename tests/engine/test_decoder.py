@@ -108,7 +108,7 @@ def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(arch_lm, ba
 
 
 @pytest.mark.parametrize("reader", READERS)
-def test_rows_own_runs_of_different_lengths_join_one_softmax(tiny_lm, reader, monkeypatch):
+def test_rows_own_runs_of_different_lengths_join_one_softmax(tiny_lm, reader, monkeypatch, plans):
     """Each row reads the shared base, then two runs of its own (cached in two calls) whose lengths
     differ from row to row: they give the layer path's logits whether the compiled kernel reads them
     (one table entry per row and run), or torch ops, their scores in one block padded to the longest
@@ -121,18 +121,7 @@ def test_rows_own_runs_of_different_lengths_join_one_softmax(tiny_lm, reader, mo
     more = [words(5 - b, 7 + b) for b in range(4)]
     prompts = [base + own[b] + more[b] + f" Row {b}:" for b in range(4)]
     cached = [base] + [base + o for o in own] + [base + o + m for o, m in zip(own, more)]
-    plans = []
-    init = decoder.Plan.__init__
-
-    def record(self, *a, **kw):
-        init(self, *a, **kw)
-        plans.append(self)
-
-    decoder.Plan.__init__ = record
-    try:
-        out = decode_both(tiny_lm, prompts, cached, Sampling(max_new_tokens=6, ignore_eos=True))
-    finally:
-        decoder.Plan.__init__ = init
+    out = decode_both(tiny_lm, prompts, cached, Sampling(max_new_tokens=6, ignore_eos=True))
     assert_same(out)
     first = plans[-1]  # the last step of the prompts (every row still running)
     assert len(first.shared) == 1 and not first.parts
@@ -286,21 +275,13 @@ def test_softmax_with_its_log_normaliser_equals_softmax_and_logsumexp(rows, widt
     assert torch.isfinite(lse).all() and lse.dtype == torch.float32
 
 
-def test_under_a_cache_budget_rows_own_runs_are_read_in_place(tiny_lm, monkeypatch):
+def test_under_a_cache_budget_rows_own_runs_are_read_in_place(tiny_lm, monkeypatch, plans):
     """The packed block of own runs is a K/V copy the cache budget does not count, so an engine with
     a budget never makes it (its steps read every run in place); without one it does (torch ops; the
     compiled kernel never copies)."""
     monkeypatch.setattr(decoder, "RUNS_KERNEL", False)
     base = words(16)
     prompts = [base + words(3 + b, b) + f" Row {b}:" for b in range(3)]
-    plans = []
-    init = decoder.Plan.__init__
-
-    def record(self, *a, **kw):
-        init(self, *a, **kw)
-        plans.append(self)
-
-    monkeypatch.setattr(decoder.Plan, "__init__", record)
     packed = {}
     for budget in (None, 10**9):
         eng = Engine(tiny_lm, RKSCConfig(kv_sharing="exact", cache_budget=budget))

@@ -94,17 +94,11 @@ def generate(lm, prompts, base, budget=None):
     return eng.generate(prompts, Sampling(max_new_tokens=6, ignore_eos=True))
 
 
-def test_under_a_budget_the_kernel_reads_the_runs_and_decodes_as_torch_ops_do(tiny_lm, kernel, monkeypatch):
+def test_under_a_budget_the_kernel_reads_the_runs_and_decodes_as_torch_ops_do(
+    tiny_lm, kernel, monkeypatch, plans
+):
     base = " the cat sat on a mat" * 3
     prompts = [base + f" row {b} ran" * (b + 1) for b in range(3)]
-    plans = []
-    init = decoder.Plan.__init__
-
-    def record(self, *a, **kw):
-        init(self, *a, **kw)
-        plans.append(self)
-
-    monkeypatch.setattr(decoder.Plan, "__init__", record)
     with_kernel = generate(tiny_lm, prompts, base, budget=10**9)
     assert any(p.runs is not None for p in plans)
     monkeypatch.setattr(decoder, "RUNS_KERNEL", False)
@@ -117,7 +111,7 @@ def test_under_a_budget_the_kernel_reads_the_runs_and_decodes_as_torch_ops_do(ti
 
 
 @pytest.mark.parametrize("setting", ["off", "no-compiler"])
-def test_without_the_kernel_the_step_reads_runs_with_torch_ops(tiny_lm, monkeypatch, setting):
+def test_without_the_kernel_the_step_reads_runs_with_torch_ops(tiny_lm, monkeypatch, setting, plans):
     monkeypatch.setattr(runs_kernel, "_state", {})
     if setting == "off":
         monkeypatch.setenv("TREESEARCH_RUNS_KERNEL", "0")
@@ -129,14 +123,6 @@ def test_without_the_kernel_the_step_reads_runs_with_torch_ops(tiny_lm, monkeypa
     )
     base = " the cat sat on a mat" * 3
     prompts = [base + f" row {b} ran" * (b + 1) for b in range(3)]
-    plans = []
-    init = decoder.Plan.__init__
-
-    def record(self, *a, **kw):
-        init(self, *a, **kw)
-        plans.append(self)
-
-    monkeypatch.setattr(decoder.Plan, "__init__", record)
     out = generate(tiny_lm, prompts, base)
     assert plans and all(p.runs is None for p in plans) and any(p.singles for p in plans)
     assert all(len(g.token_ids) == 6 for g in out)
