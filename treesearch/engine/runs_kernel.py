@@ -60,9 +60,9 @@ int ts_attend_runs(const float *q, int64_t q_row, float *out, const float *lse, 
         if (n > most) most = n;
     }
     if (most == 0) return 0;
-    float *s = (float *)malloc(sizeof(float) * (size_t)(g * most + g * d + 2 * g));
+    float *s = (float *)malloc(sizeof(float) * (size_t)(g * most + g * d + g));
     if (!s) return -1;
-    float *acc = s + g * most, *den = acc + g * d, *top = den + g;
+    float *acc = s + g * most, *den = acc + g * d;
     for (int64_t b = 0; b < rows; b++) {
         int64_t e0 = row_ptr[b], e1 = row_ptr[b + 1];
         if (e0 == e1) continue;
@@ -89,7 +89,6 @@ int ts_attend_runs(const float *q, int64_t q_row, float *out, const float *lse, 
                     sum += p;
                 }
                 den[j] = sum;
-                top[j] = w;
                 for (int64_t x = 0; x < d; x++) acc[j * d + x] = w * oh[j * d + x];
             }
             t = 0;
@@ -194,7 +193,6 @@ class RunTable:
         self.table = torch.tensor(flat, dtype=torch.int64).reshape(-1, 6)
         counts = torch.tensor([0] + [len(r) for r in per_row], dtype=torch.int64)
         self.row_ptr = torch.cumsum(counts, 0)
-        self.entries = len(flat)
 
     @staticmethod
     def fits(kv: torch.Tensor) -> bool:

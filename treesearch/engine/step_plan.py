@@ -47,25 +47,21 @@ class Plan:
         self.runs: RunTable | None = None  # with the kernel: every run not all rows read
         self.kernel = kernel
         self.packed: tuple | None = None  # (L x K^T [B, Hkv, d, S], L x V [B, Hkv, S, d], mask [B, 1, 1, S])
-        self.single_len = 0
-        self.rid = torch.arange(bsz)
         apart = [(kv, used, rows) for kv, used, rows in batch.groups if rows is not None]
         if (
             attention == "math"
             and kernel is not None
             and apart
-            and all(RunTable.fits(kv) for kv, _, _ in apart)
+            and all(RunTable.fits(kv) for kv, *_ in apart)
         ):
-            for kv, used, rows in batch.groups:
-                if rows is None:
-                    k, v = kv[:, 0, :, :used], kv[:, 1, :, :used]
-                    self.shared.append((k.transpose(-1, -2).unbind(0), v.unbind(0)))
             self.runs = RunTable(bsz, [(kv, used, rows.tolist()) for kv, used, rows in apart])
-            return
-        self.kernel = None
-        rids = [self.rid]
+        else:
+            self.kernel = None
+        rids = [torch.arange(bsz)]
         own: dict[int, list[tuple]] = {}  # row -> [(K [L, Hkv, m, d], V, m)]
         for kv, used, rows in batch.groups:
+            if self.runs is not None and rows is not None:
+                continue  # read by the kernel
             k, v = kv[:, 0, :, :used], kv[:, 1, :, :used]  # [L, Hkv, m, d]
             if attention == "math" and (rows is None or rows.shape[0] == 1):
                 if rows is None:
