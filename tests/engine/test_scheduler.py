@@ -13,8 +13,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from treesearch import Engine, RKSCConfig, Sampling
+from treesearch.cache.manager import Row
 from treesearch.common.errors import SearchCancelled
 from treesearch.common.stats import Stats
+from treesearch.engine.running import Call, GenRow
+from treesearch.engine.scheduler import seeded
 
 PROMPTS = ["Once upon a time there was", "The quick brown fox jumps over", "In a galaxy far away"]
 OMEGA = {"a": 0.9, "b": 0.1, "c": 0.5}
@@ -48,13 +51,31 @@ def test_a_tight_budget_preempts_one_row_and_changes_no_token(tiny_lm, alone, ev
     eng.store.check_invariants()
 
 
+@pytest.mark.parametrize(("spare", "admitted"), [(0, False), (1, True)])
+def test_a_row_is_admitted_only_with_room_for_its_token_of_the_decode_steps_buffer(tiny_lm, spare, admitted):
+    """Admission holds a row's uncached context, its first decode chunk and its token of the
+    decode step's buffer. With room for the first two only the row waits: admitted into the last
+    free bytes it could not step, would preempt itself, be readmitted the same way and never
+    progress (found on Qwen2.5-Coder-0.5B at its least budget, a branch workload ran for 30 min)."""
+    eng = Engine(tiny_lm, RKSCConfig(cache_budget=10**9))
+    sampling = Sampling(max_new_tokens=40, ignore_eos=True)
+    row = Row(ids=eng.tokenize(PROMPTS[0]), stats=Stats())
+    eng.plan_rows([row])
+    g = GenRow(Call("generate", 1), 0, PROMPTS[0], row, sampling, seeded(0))
+    bpt = tiny_lm.kv_bytes_per_token
+    new, first = len(row.ids) - row.matched, min(eng.store.block_size, 39)
+    eng.store.budget = (new + first + spare) * bpt
+    assert eng.scheduler.memory.hold(g, row) is admitted
+    assert eng.store.reserved == ((new + first + 1) * bpt if admitted else 0)
+
+
 @pytest.mark.parametrize(
     ("room", "shapes", "runs_seen"),
     [
         # unbounded: the 6 prompt tokens and 16 fed tokens copied into one chunk with room for 16
         # more (38), then 6 + 32 into one with room for the 7 left to feed (45)
         (None, [(1, 16), (1, 38), (1, 45)], {1, 2}),
-        (70, [(1, 16), (1, 38), (2, 7)], {1, 2}),  # free room for the first copy beside the old only
+        (71, [(1, 16), (1, 38), (2, 7)], {1, 2}),  # free room for the first copy beside the old only
         (48, [(1, 16), (2, 16), (3, 7)], {2, 3, 4}),  # room for no copy: a block at a time
     ],
 )

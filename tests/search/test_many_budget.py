@@ -60,7 +60,9 @@ def test_every_strategy_under_a_quarter_budget_equals_its_searches_alone(tiny_lm
 
 @pytest.mark.parametrize("concurrency", [1, 3, 8])
 def test_any_concurrency_under_a_budget_that_preempts_equals_the_searches_alone(tiny_lm, concurrency):
-    problem = Words(width=3, depth=2, max_new_tokens=12, samples=2, temperature=0.9)
+    # 24 tokens: a row outgrows its first decode chunk (a block, 16), the only K/V it asks for
+    # after its admission, so rows of several searches can run out of room and be preempted
+    problem = Words(width=3, depth=2, max_new_tokens=24, samples=2, temperature=0.9)
     ref = [
         Searcher(tiny_lm, problem, BFS(breadth=2), RKSCConfig(), progress=False, seed=3).solve(x)
         for x in INPUTS

@@ -1,5 +1,5 @@
 """The K/V a running generate row holds, against the budget: admission (its chain pinned and
-resident, its uncached context and first decode chunk reserved), a bigger chunk as it generates,
+resident, its uncached context, first decode chunk and step token reserved), a bigger chunk as it generates,
 the preemption order, and giving it all back (`treesearch.engine.scheduler` decides when)."""
 
 from __future__ import annotations
@@ -24,14 +24,17 @@ class RowMemory:
 
     def hold(self, g: GenRow, p: Row) -> bool:
         """Pin and make resident the row's chain and reserve its own K/V: every uncached token of
-        its context (prefilled now or in later steps) and its first decode chunk. False: no room."""
+        its context (prefilled now or in later steps), its first decode chunk and its token of a
+        decode step's buffer (so an admitted row can always take its next step: a row admitted
+        into the last free bytes and then unable to step would preempt itself, be readmitted the
+        same way, and never progress). False: no room."""
         cache = self.cache
         bpt = cache.store.bytes_per_token
         cache.store.pin(p.chain)
         new = len(p.ids) - p.matched
         first = self.chunk_tokens(g)
         store = cache.store
-        need = (new + first) * bpt
+        need = (new + first + 1) * bpt
         if store.budget is not None and store.pinned_bytes(p.chain) + store.reserved + need > store.budget:
             cache.store.unpin(p.chain)  # what is pinned and running leaves too little room: wait
             return False
@@ -43,7 +46,7 @@ class RowMemory:
             return False
         g.plan, g.pinned, g.filled, g.fill_bytes = p, p.chain, 0, new * bpt
         g.chunks = [[self.chunk(first), 0]] if first else []
-        g.chunk_bytes = first * bpt
+        g.chunk_bytes, g.step_bytes = first * bpt, bpt
         return True
 
     def chunk_tokens(self, g: GenRow) -> int:
@@ -100,8 +103,8 @@ class RowMemory:
         """Give back an admitted row's K/V: what it reserved and has not prefilled yet, its chunks,
         each cohort's buffer with the last row of it, its pins."""
         cache = self.cache
-        cache.unreserve(g.chunk_bytes + g.fill_bytes)
-        g.chunks, g.chunk_bytes, g.fill_bytes, g.filled = [], 0, 0, 0
+        cache.unreserve(g.chunk_bytes + g.fill_bytes + g.step_bytes)
+        g.chunks, g.chunk_bytes, g.fill_bytes, g.step_bytes, g.filled = [], 0, 0, 0, 0
         self._leave_cohorts(g)
         cache.store.unpin(g.pinned)
         g.pinned = []

@@ -4,14 +4,14 @@ Each step prefills at most `step_tokens` uncached prompt tokens: first the next 
 whose prompt is not fully in yet (`Scheduler.filling`, oldest first), then waiting rows admitted in
 arrival order (preempted rows first) into what is left. So a long prompt is prefilled over several
 steps, each beside the running rows' decode, and no decode step waits long for it.
-A row's K/V is reserved when it is admitted (`RowMemory.hold`: its whole uncached context and its
-first decode chunk), so a partly prefilled row always has room for its next part. The rows of one
-step's forward (a cohort) share one buffer, padded to the longest part; the padding is reserved
-with the cohort, and a row whose padding does not fit waits a step (a cohort's first row needs
-none, so every step with rows to fill prefills some). A part attends over the row's chain and its
-earlier parts, read in place; a row whose prompt is fully in stores its prompt K/V, samples its
-first token and decodes from that step on. Results never depend on the parts (rows carry their
-own samplers; `tests/engine/test_chunked_prefill.py`).
+A row's K/V is reserved when it is admitted (`RowMemory.hold`: its whole uncached context, its
+first decode chunk and its step token), so a partly prefilled row always has room for its next
+part. The rows of one step's forward (a cohort) share one buffer, padded to the longest part; the
+padding is reserved with the cohort, and a row whose padding does not fit waits a step (a cohort's
+first row needs none, so every step with rows to fill prefills some). A part attends over the
+row's chain and its earlier parts, read in place; a row whose prompt is fully in stores its prompt
+K/V, samples its first token and decodes from that step on. Results never depend on the parts
+(rows carry their own samplers; `tests/engine/test_chunked_prefill.py`).
 """
 
 from __future__ import annotations

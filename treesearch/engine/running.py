@@ -82,6 +82,7 @@ class GenRow:
     fill_bytes: int = 0  # reserved for the uncached tokens not prefilled yet
     chunks: list[list] = field(default_factory=list)  # [tensor [L, 2, Hkv, cap, d], used]
     chunk_bytes: int = 0
+    step_bytes: int = 0  # its token of a decode step's buffer, held from admission on
     pinned: list = field(default_factory=list)  # the chain it attends over, pinned while it runs
     handle: Handle | None = None  # where its prompt (then prompt + fed tokens) ends in the store
     reused: bool = False  # its reuse was counted (at its first admission)

@@ -7,8 +7,9 @@ One step (under the engine's lock, run by whichever waiting thread finds no step
    the next part of every admitted row whose prompt is not fully in (`filling`), then waiting
    generate rows admitted in arrival order (preempted rows first) into what is left, up to
    `max_rows` admitted: each is looked up, its chain pinned and made resident, and its K/V (its
-   whole uncached context and its first decode chunk) reserved against the budget; `make_room`
-   evicts unread blocks (lowest omega first, or LRU) for it. A row that still does not fit waits
+   whole uncached context, its first decode chunk and its token of the decode step's buffer)
+   reserved against the budget; `make_room` evicts unread blocks (lowest omega first, or LRU)
+   for it. A row that still does not fit waits
    for running rows to finish (after a preemption none is admitted until a row leaves). The step's
    parts run as one forward (a cohort); a row whose prompt is in samples its first token, so a
    long prompt is prefilled over several steps, each beside the decode below;
@@ -150,18 +151,10 @@ class Scheduler:
 
     def _decode(self, ready: int) -> None:
         eng, cache = self.engine, self.engine.cache
-        bpt = cache.store.bytes_per_token
         for g in sorted(self.running, key=self.memory.rank, reverse=True):  # the most valuable grows first
             if g in self.running and g.room() == 0:
                 self._grow(g)
-        rows = list(self.running)
-        while rows:
-            try:
-                cache.reserve(len(rows) * bpt)  # the step's buffer: one token per row
-                break
-            except CacheBudgetError:
-                self._preempt(self._victim())
-                rows = list(self.running)
+        rows = list(self.running)  # the step's buffer, a token a row, was reserved at admission
         if not rows:
             return
         lm = eng.lm
@@ -170,16 +163,13 @@ class Scheduler:
             fwd.decoder = decoder_for(lm.model)
         batch = BatchKV(lm.num_layers, len(rows), lm.num_kv_heads, lm.head_dim, 1, lm.dtype, lm.device)
         batch.set_prefixes([cache.prefix(g.plan.chain) + g.own_runs() for g in rows])  # type: ignore[union-attr]
-        try:
-            logits = eng.forward.step(
-                batch,
-                [g.gens[-1] for g in rows],
-                [len(g.context) - 1 for g in rows],
-                0,
-                [g.stats for g in rows],
-            )
-        finally:
-            cache.unreserve(len(rows) * bpt)
+        logits = eng.forward.step(
+            batch,
+            [g.gens[-1] for g in rows],
+            [len(g.context) - 1 for g in rows],
+            0,
+            [g.stats for g in rows],
+        )
         for b, g in enumerate(rows):
             g.write(batch.k[:, b, :, 0], batch.v[:, b, :, 0])
         self.decode_steps += 1
