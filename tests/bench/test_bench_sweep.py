@@ -127,6 +127,22 @@ def test_a_budgeted_run_that_decides_otherwise_is_reported():
     assert "Decisions under every budget equal the unbounded run's: NO: exact/50%/lru" in report.markdown(doc)
 
 
+def test_speed_against_sequential_splits_into_fewer_steps_over_time_per_step():
+    runs = BenchRuns()
+    for name, wall, steps in (("exact", 100.0, 1000), ("exact@16", 25.0, 100)):
+        run = RunResult(wall_s=wall, decisions=["a"], correct=[True])
+        run.batch = {"decode_steps": steps, "decode_rows": 1400, "short_steps": 0}
+        runs.modes[name] = ModeRuns(_mode(name), [run])
+    doc = report.build(runs, {"workload": "game24"})
+    by_name = {r["name"]: r for r in doc["runs"]}
+    seq, c16 = by_name["exact"], by_name["exact@16"]
+    assert (seq["speedup_vs_sequential"], seq["step_ratio"], seq["step_time_ratio"]) == (None, None, None)
+    # 4x = 10x fewer steps / each step taking 2.5x as long (0.25 s against 0.1 s)
+    assert (c16["speedup_vs_sequential"], c16["step_ratio"], c16["step_time_ratio"]) == (4.0, 10.0, 2.5)
+    row = "| exact | 16 | 144 | 4.00x | 100 | 10.00x | 2.50x | 14.00 | 0% | exact: yes |"
+    assert row in report.markdown(doc)
+
+
 @pytest.fixture(scope="module")
 def sweep_doc(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
@@ -193,6 +209,10 @@ def test_batch_fill_counts_one_row_per_decoded_token(sweep_doc):
         assert 0 <= r["short_steps"] <= r["decode_steps"] <= r["decode_rows"]
         assert r["rows_per_step"] == r["decode_rows"] / r["decode_steps"]
         assert r["short_step_share"] == r["short_steps"] / r["decode_steps"]
+        if r["concurrency"] == 1:
+            assert r["speedup_vs_sequential"] is None
+        else:
+            assert r["speedup_vs_sequential"] == pytest.approx(r["step_ratio"] / r["step_time_ratio"])
     text = report.markdown(doc)
     assert "| exact | 3 |" in text and "Memory / speed" in text and "Batch fill" in text
 

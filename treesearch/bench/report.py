@@ -19,6 +19,9 @@ Definitions (all from the recorded counters and wall times):
 - rows_per_step = decode_rows / decode_steps and short_step_share = short_steps / decode_steps, from the
   local engine's scheduler (game24): a short step ran fewer rows than were ready at its start (running
   plus waiting generate rows, at most the engine's max rows).
+- speedup_vs_sequential = step_ratio / step_time_ratio (a concurrent run against its mode's
+  sequential run): step_ratio = sequential decode steps / the run's, step_time_ratio = the run's wall
+  seconds per decode step / the sequential run's (`treesearch.bench.sweep.vs_sequential`).
 - runs: one record per engine mode run (mode, concurrency, budget_percent, eviction): see
   `treesearch.bench.sweep`.
 - server_times (server modes): the client's HTTP round trips over the run, the time outside them

@@ -10,6 +10,14 @@ JSON's `runs` (one per mode, concurrency, budget, eviction) and checks each run'
 its reference: a budgeted variant's against the same mode's run at that concurrency without the
 sweep's budget, a concurrent run's against the sequential one. `markdown` prints the batch-fill and
 memory/speed tables, `plot` draws throughput and recomputed tokens against budget.
+
+A concurrent run's speed against its mode's sequential run splits into two measured factors
+(`vs_sequential`): speedup_vs_sequential = step_ratio / step_time_ratio, where step_ratio = the
+sequential run's decode steps / this run's (what batching gains in steps: the most it could gain
+if a step of many rows took no longer than a step of few; the searches' own chains of calls bound
+it, since a search's next call waits for its last) and step_time_ratio = this run's wall seconds
+per decode step / the sequential run's (what each of its steps costs more: more rows a step,
+prefill and scoring included).
 """
 
 from __future__ import annotations
@@ -113,6 +121,23 @@ def _reference(name: str, modes: dict) -> str | None:
     return ref if ref in modes else None
 
 
+def vs_sequential(run: dict, seq: dict | None) -> dict[str, float | None]:
+    """speedup_vs_sequential = step_ratio / step_time_ratio (see the module): a concurrent run
+    against its mode's sequential run, from their wall times and decode steps; None where either
+    is missing."""
+    out: dict[str, float | None] = dict.fromkeys(("speedup_vs_sequential", "step_ratio", "step_time_ratio"))
+    if seq is None or seq is run:
+        return out
+    walls, steps = (seq.get("wall_s"), run.get("wall_s")), (seq.get("decode_steps"), run.get("decode_steps"))
+    if not all(walls) or not all(steps):
+        return out
+    (w1, w), (s1, s) = walls, steps
+    out["speedup_vs_sequential"] = w1 / w
+    out["step_ratio"] = s1 / s
+    out["step_time_ratio"] = (w / s) / (w1 / s1)
+    return out
+
+
 def records(doc: dict) -> list[dict]:
     """The JSON's `runs`: one record per engine mode run (mode, concurrency, budget, eviction) with its
     throughput, memory, batch fill and whether its decisions equal its reference's."""
@@ -147,6 +172,7 @@ def records(doc: dict) -> list[dict]:
                 "short_steps": e.get("short_steps"),
                 "rows_per_step": e.get("rows_per_step"),
                 "short_step_share": e.get("short_step_share"),
+                **vs_sequential(e, doc["modes"].get(base_name(name)) if e["concurrency"] > 1 else None),
                 "accuracy": e.get("accuracy"),
                 "reference": ref,
                 "same_decisions": None if ref_decisions is None else e.get("decisions") == ref_decisions,
@@ -172,15 +198,19 @@ def markdown(doc: dict) -> list[str]:
     if any(r["rows_per_step"] is not None for r in runs):
         lines += [
             "",
-            "Batch fill (short step: a decode step that ran fewer rows than were ready at its start):",
+            "Batch fill (short step: a decode step that ran fewer rows than were ready at its start; "
+            "x sequential = fewer steps / time per step, both against the mode's sequential run):",
             "",
-            "| mode | concurrency | inputs/h | rows per decode step | short steps | same decisions as |",
-            "|---|---|---|---|---|---|",
+            "| mode | concurrency | inputs/h | x sequential | decode steps | fewer steps | time per step | "
+            "rows per decode step | short steps | same decisions as |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in runs:
             if "/" not in r["name"]:  # the unbounded runs (and rksc's own budget); the swept ones below
                 lines.append(
                     f"| {r['mode']} | {r['concurrency']} | {_f(r['inputs_per_hour'], '{:.0f}')} | "
+                    f"{_f(r['speedup_vs_sequential'], '{:.2f}x')} | {r['decode_steps']} | "
+                    f"{_f(r['step_ratio'], '{:.2f}x')} | {_f(r['step_time_ratio'], '{:.2f}x')} | "
                     f"{_f(r['rows_per_step'])} | {_f(r['short_step_share'], '{:.0%}')} | {_same(r)} |"
                 )
     swept = [r for r in runs if "/" in r["name"]]
