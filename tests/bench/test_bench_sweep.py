@@ -130,7 +130,7 @@ def test_a_budgeted_run_that_decides_otherwise_is_reported():
 def test_speed_against_sequential_splits_into_fewer_steps_over_time_per_step():
     runs = BenchRuns()
     for name, wall, steps in (("exact", 100.0, 1000), ("exact@16", 25.0, 100)):
-        run = RunResult(wall_s=wall, decisions=["a"], correct=[True])
+        run = RunResult(wall_s=wall, decisions=["a"], correct=[True], verify_s=wall / 2)
         run.batch = {"decode_steps": steps, "decode_rows": 1400, "short_steps": 0}
         runs.modes[name] = ModeRuns(_mode(name), [run])
     doc = report.build(runs, {"workload": "game24"})
@@ -139,6 +139,8 @@ def test_speed_against_sequential_splits_into_fewer_steps_over_time_per_step():
     assert (seq["speedup_vs_sequential"], seq["step_ratio"], seq["step_time_ratio"]) == (None, None, None)
     # 4x = 10x fewer steps / each step taking 2.5x as long (0.25 s against 0.1 s)
     assert (c16["speedup_vs_sequential"], c16["step_ratio"], c16["step_time_ratio"]) == (4.0, 10.0, 2.5)
+    # verification time sums each search's own waits, which overlap in flight: compared at one concurrency
+    assert seq["name"] == "exact" and doc["modes"]["exact@16"]["verify_speedup_vs_exact"] == 1.0
     row = "| exact | 16 | 144 | 4.00x | 100 | 10.00x | 2.50x | 14.00 | 0% | exact: yes |"
     assert row in report.markdown(doc)
 
