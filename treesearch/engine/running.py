@@ -39,6 +39,8 @@ class Call:
     error: BaseException | None = None
     cancelled: BaseException | None = None
     done: bool = False
+    wake: Any = None  # the condition its waiting thread sleeps on (`Scheduler.submit`)
+    counted: bool = False  # woken and counted in at the engine's door (`treesearch.engine.door`)
 
     def __post_init__(self) -> None:
         self.results = [None] * self.n

@@ -27,8 +27,6 @@ Rows carry their own seeds and prompts, so a result never depends on which rows 
 from __future__ import annotations
 
 import itertools
-import threading
-import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -38,6 +36,7 @@ import torch
 from treesearch.cache.attention import BatchKV
 from treesearch.common.errors import CacheBudgetError, SearchCancelled
 from treesearch.engine.decoder import decoder_for
+from treesearch.engine.door import Door
 from treesearch.engine.forward import sample
 from treesearch.engine.memory import RowMemory
 from treesearch.engine.prefill import fill
@@ -52,7 +51,9 @@ class Scheduler:
         self.engine = engine
         self.max_rows = max_rows
         self.step_tokens = step_tokens
-        self.cv = threading.Condition(threading.RLock())
+        self.door = Door()  # the engine's lock; threads that want it between steps go first
+        self.cv = self.door.cond()  # the stepping thread waits on it for their turns
+        self._parked: dict[int, Call] = {}  # calls whose threads wait for them (`Call.wake`)
         self.gen_wait: deque[GenRow] = deque()
         self.score_wait: list[ScoreRow] = []
         self.filling: list[GenRow] = []  # admitted, their prompts not fully prefilled yet
@@ -74,28 +75,36 @@ class Scheduler:
         return next(self._order)
 
     @property
-    def lock(self) -> threading.Condition:
-        """Held while a step runs; whoever touches the engine's state between steps holds it."""
-        return self.cv
+    def lock(self) -> Door:
+        """Held while a step runs; whoever touches the engine's state between steps holds it (and
+        goes before the next step: `treesearch.engine.door`)."""
+        return self.door
 
     # -- the callers' side ------------------------------------------------------------------------
     def submit(self, call: Call, items: list) -> list:
-        """Queue a call's rows and wait until they are done, running steps while no one else does."""
-        with self.cv:
+        """Queue a call's rows and wait until they are done, running steps while no one else does.
+        A waiting thread sleeps on its own call (`Call.wake`): a step wakes only the threads whose
+        calls ended, and one waiting thread when the stepping thread leaves."""
+        with self.door:
+            call.wake = self.door.cond()
             if call.kind == "generate":
                 self.gen_wait.extend(items)
             else:
                 self.score_wait.extend(items)
-        while True:
-            with self.cv:
-                while not call.done and self._busy and call.cancelled is None:
-                    self.cv.wait()
+        with self.door:
+            while True:
                 if call.cancelled is not None and not call.done:
                     raise SearchCancelled(str(call.cancelled) or type(call.cancelled).__name__)
                 if call.done:
                     break
-                self._busy = True
+                if self._busy:
+                    self._park(call)
+                    continue
+                self._busy = True  # this thread runs the next step; the others park
                 try:
+                    self.door.wait_turns(self.cv)  # threads between steps (their next calls) go first
+                    if call.done or call.cancelled is not None:
+                        continue  # ended meanwhile (cancelled): the next waiting thread steps
                     self._step()
                 except BaseException as exc:
                     self._fail_all(exc)
@@ -103,21 +112,50 @@ class Scheduler:
                         raise
                 finally:
                     self._busy = False
-                    self.cv.notify_all()
-            time.sleep(0)  # a step boundary: searches whose calls returned submit their next ones
+                    self._wake_after_step(call)
         if call.error is not None:
             raise call.error
         return call.results
 
+    def _park(self, call: Call) -> None:
+        """Wait (the lock released) until a step wakes this call's thread."""
+        self._parked[id(call)] = call
+        try:
+            call.wake.wait()
+        finally:
+            self._parked.pop(id(call), None)
+            if call.counted:  # whoever woke it counted it in: it holds the lock again now
+                call.counted = False
+                self.door.count_in(-1)
+
+    def _wake(self, call: Call) -> None:
+        if id(call) in self._parked and not call.counted:
+            call.counted = True
+            self.door.count_in()
+            call.wake.notify()
+
+    def _wake_after_step(self, stepper: Call) -> None:
+        """Wake the threads whose calls ended (or were cancelled), and, when the stepping thread's
+        own call ended, one waiting thread to run the next steps."""
+        waiting = list(self._parked.values())
+        for c in waiting:
+            if c.done or c.cancelled is not None:
+                self._wake(c)
+        if stepper.done or stepper.cancelled is not None:
+            for c in waiting:
+                if not c.counted:
+                    self._wake(c)
+                    break
+
     def cancel(self, stats: set[int], why: BaseException) -> None:
         """The calls of these searches (ids of their Stats) stop: their rows are dropped and their
         threads raise SearchCancelled."""
-        with self.cv:
+        with self.door:
             for call in self._calls():
                 if any(id(it.stats) in stats for it in self._items(call)):
                     call.cancelled = why
                     self._drop(call)
-            self.cv.notify_all()
+                    self._wake(call)
 
     # -- one step -------------------------------------------------------------------------------------
     def _step(self) -> None:
