@@ -190,7 +190,9 @@ def test_each_budget_is_its_percent_of_that_concurrencys_unbounded_peak_and_hold
         peak = doc["modes"]["exact" + at]["peak_kv_bytes"]
         least = doc["modes"]["exact" + at]["least_budget_bytes"]
         stated = int(peak * r["budget_percent"] / 100)
-        assert r["exact_peak_kv_bytes"] == peak and 0 < least <= peak
+        # least: a lone call's need as the cache stood (pinned prompts, its context and whole
+        # buffer), a bound a run need not reach: 3 searches interleaved can peak below it
+        assert r["exact_peak_kv_bytes"] == peak and 0 < least
         assert r["peak_kv_bytes"] <= r["budget_bytes"], r["name"]
         if any("budget raised 1.5x" in n for n in doc["modes"][r["name"]]["notes"]):
             # a call found less room than exact's did (searches arrive in another order): the
@@ -200,7 +202,7 @@ def test_each_budget_is_its_percent_of_that_concurrencys_unbounded_peak_and_hold
         assert r["budget_bytes"] == max(stated, least), r["name"]  # raised only to the least budget
         assert r["budget_raised"] is (least > stated)
         if r["budget_percent"] == 100:
-            assert r["budget_bytes"] == peak
+            assert r["budget_bytes"] == max(peak, least)
 
 
 def test_batch_fill_counts_one_row_per_decoded_token(sweep_doc):

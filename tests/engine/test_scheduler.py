@@ -128,6 +128,32 @@ def test_a_short_call_returns_while_a_long_call_goes_on_in_the_same_steps(tiny_l
     assert not sched.running and not sched.gen_wait
 
 
+def test_searches_whose_calls_returned_get_their_next_calls_into_the_running_batch(tiny_lm):
+    """Sixteen threads each make five calls in a row (4 tokens each, 3 of them decoded). Their
+    calls overlap, so the 80 calls' 240 decode rows take 15 decode steps when every next call joins
+    the next step (measured: 15). When the stepping thread took the engine's lock back at once
+    after every step, threads whose calls had returned could not queue their next ones: 79 steps
+    (`treesearch.engine.door`)."""
+    eng = Engine(tiny_lm, RKSCConfig())
+    sched = eng.scheduler
+    start = threading.Barrier(16)
+    sampling = Sampling(max_new_tokens=4, ignore_eos=True)
+
+    def run(i: int) -> None:
+        start.wait()
+        for k in range(5):
+            eng.generate([f"Search {i} call {k}: the"], sampling)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sched.decode_rows == 16 * 5 * 3  # the first of a call's 4 tokens comes from its prefill
+    assert sched.decode_steps <= 30, sched.decode_steps  # 15 when no thread misses a step
+    assert sched.door.waiting == 0 and not sched._parked
+
+
 def test_a_cancelled_call_raises_and_its_rows_are_dropped(tiny_lm):
     eng = Engine(tiny_lm, RKSCConfig())
     mine = Stats()

@@ -1,6 +1,12 @@
 """The iteration-level scheduler of the local engine: every search's calls become rows of one
 running batch, advanced a step at a time (continuous batching, as vLLM's and SGLang's schedulers).
 
+The engine's lock is a `treesearch.engine.door.Door`: a thread that asks for it while a step runs
+(to prepare or queue its next call, or to return from one that ended) gets it before the next
+step, so a search's next call joins the very next step; a thread waiting for its call sleeps on
+the call's own condition, woken when the call ends (or to run the steps, when the thread running
+them leaves).
+
 One step (under the engine's lock, run by whichever waiting thread finds no step running):
 1. score rows that wait run, grouped by labels and exit rule, in batches that fit the budget;
 2. prefill (`treesearch.engine.prefill`), at most `step_tokens` uncached prompt tokens a step:
