@@ -128,10 +128,9 @@ def vs_sequential(run: dict, seq: dict | None) -> dict[str, float | None]:
     out: dict[str, float | None] = dict.fromkeys(("speedup_vs_sequential", "step_ratio", "step_time_ratio"))
     if seq is None or seq is run:
         return out
-    walls, steps = (seq.get("wall_s"), run.get("wall_s")), (seq.get("decode_steps"), run.get("decode_steps"))
-    if not all(walls) or not all(steps):
+    w1, w, s1, s = seq.get("wall_s"), run.get("wall_s"), seq.get("decode_steps"), run.get("decode_steps")
+    if not (w1 and w and s1 and s):
         return out
-    (w1, w), (s1, s) = walls, steps
     out["speedup_vs_sequential"] = w1 / w
     out["step_ratio"] = s1 / s
     out["step_time_ratio"] = (w / s) / (w1 / s1)
