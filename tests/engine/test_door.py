@@ -43,13 +43,26 @@ def test_a_thread_asking_for_the_lock_during_a_step_gets_it_before_the_next_step
     assert door.waiting == 0
 
 
+class _Turns:
+    """A stand-in condition that records each wait and, in it, lets one counted-in thread through."""
+
+    def __init__(self, door: Door) -> None:
+        self.door, self.waits = door, 0
+
+    def wait(self, timeout: float) -> None:
+        self.waits += 1
+        self.door.count_in(-1)
+
+
 def test_with_no_thread_asking_the_steps_run_back_to_back_and_the_lock_is_reentrant():
     door = Door()
-    cv = door.cond()
+    turns = _Turns(door)
     with door:
         with door:  # reentrant, as the session's and the engine's `with lock` nest
-            t0 = time.perf_counter()
             for _ in range(1000):
-                door.wait_turns(cv)
-            assert time.perf_counter() - t0 < 0.5  # never waited: nothing was counted in
+                door.wait_turns(turns)  # type: ignore[arg-type]
+            assert turns.waits == 0  # nothing was counted in: no step waited
+            door.count_in(2)  # two threads asking: the next step waits exactly until both are in
+            door.wait_turns(turns)  # type: ignore[arg-type]
+            assert turns.waits == 2
     assert door.waiting == 0

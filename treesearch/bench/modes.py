@@ -50,12 +50,17 @@ def base_name(name: str) -> str:
     return name.split("/", 1)[0].split("@", 1)[0]
 
 
+def at_concurrency(name: str, concurrency: int | None) -> str:
+    """The run of mode `name` with `concurrency` searches in flight: "exact", "exact@16"."""
+    return name if (concurrency or 1) == 1 else f"{name}@{concurrency}"
+
+
 def concurrent_names(names: list[str], concurrency: int | list[int]) -> list[str]:
     """The modes to run for --concurrency N[,M...]: each mode as given (sequential), then each
     engine mode at every N > 1 searches in flight ("exact@16"), so sequential and concurrent runs of
     the same inputs sit side by side."""
     levels = [concurrency] if isinstance(concurrency, int) else concurrency
-    return list(names) + [f"{n}@{c}" for c in levels if c > 1 for n in names if n in ENGINE_MODES]
+    return list(names) + [at_concurrency(n, c) for c in levels if c > 1 for n in names if n in ENGINE_MODES]
 
 
 def parse_modes(text: str) -> list[str]:

@@ -40,6 +40,7 @@ from typing import Any
 
 from treesearch.bench import sweep
 from treesearch.bench.engines import server_times_lines
+from treesearch.bench.modes import at_concurrency
 from treesearch.bench.results import BATCH_FIELDS
 from treesearch.bench.runner import BenchRuns
 
@@ -155,8 +156,7 @@ def build(runs: BenchRuns, meta: dict) -> dict:
         entry["speedup_vs_nokv"] = ratio(base["wall_s"] if base else None, entry["wall_s"])
         entry["speedup_vs_exact"] = ratio(ex["wall_s"] if ex else None, entry["wall_s"])
         entry["compute_vs_nokv"] = ratio(base["computed_tokens"] if base else None, entry["computed_tokens"])
-        at = "" if (entry.get("concurrency") or 1) == 1 else f"@{entry['concurrency']}"
-        ex_at = modes.get("exact" + at)  # verify time sums each search's own waits: they overlap
+        ex_at = modes.get(at_concurrency("exact", entry.get("concurrency")))  # verify waits overlap in flight
         entry["verify_speedup_vs_exact"] = ratio(ex_at["verify_s"] if ex_at else None, entry["verify_s"])
     ref_name = "nokv" if "nokv" in decisions else ("exact" if len(decisions) > 1 else None)
     ref = decisions.get(ref_name) if ref_name else None

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from treesearch.bench.modes import base_name
+from treesearch.bench.modes import at_concurrency, base_name
 from treesearch.common.config import EVICTIONS
 from treesearch.common.errors import UsageError
 
@@ -146,8 +146,7 @@ def records(doc: dict) -> list[dict]:
             continue  # hf-cb (a replay, not a search) and modes that did not run
         ref = _reference(name, doc["modes"])
         ref_decisions = doc["modes"][ref].get("decisions") if ref else None
-        at = "" if e["concurrency"] == 1 else f"@{e['concurrency']}"
-        unbounded = (doc["modes"].get("exact" + at) or {}).get("peak_kv_bytes")
+        unbounded = (doc["modes"].get(at_concurrency("exact", e["concurrency"])) or {}).get("peak_kv_bytes")
         stated = int(unbounded * e["budget_percent"] / 100) if unbounded and e["budget_percent"] else None
         out.append(
             {
@@ -253,8 +252,7 @@ def plot(doc: dict, axes: Any) -> None:
     lines: dict[str, list[dict]] = {}
     for r in doc.get("runs") or []:
         if "/" in r["name"]:
-            at = "" if r["concurrency"] == 1 else f"@{r['concurrency']}"
-            lines.setdefault(f"{r['mode']}{at} {r['eviction']}", []).append(r)
+            lines.setdefault(f"{at_concurrency(r['mode'], r['concurrency'])} {r['eviction']}", []).append(r)
     for label, rs in lines.items():
         rs.sort(key=lambda r: r["budget_percent"])
         xs = [r["budget_percent"] for r in rs]
