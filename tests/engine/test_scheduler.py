@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -16,8 +17,10 @@ from treesearch import Engine, RKSCConfig, Sampling
 from treesearch.cache.manager import Row
 from treesearch.common.errors import SearchCancelled
 from treesearch.common.stats import Stats
-from treesearch.engine.running import Call, GenRow
+from treesearch.engine.labels import label_sequences
+from treesearch.engine.running import Call, GenRow, ScoreRow
 from treesearch.engine.scheduler import seeded
+from treesearch.engine.scoring import run_scores
 
 PROMPTS = ["Once upon a time there was", "The quick brown fox jumps over", "In a galaxy far away"]
 OMEGA = {"a": 0.9, "b": 0.1, "c": 0.5}
@@ -225,3 +228,44 @@ def test_any_arrival_order_and_budget_keep_invariants_lose_nothing_and_return_ea
     if budget is not None:
         assert eng.store.peak_bytes <= budget
     eng.store.check_invariants()
+
+
+def test_a_score_batch_that_cannot_fit_beside_running_rows_waits_without_recomputing_its_context(tiny_lm):
+    """A score row whose cached context was evicted, queued while a running row's reserved K/V
+    leaves too little room for its batch: the step leaves it waiting and computes nothing (before
+    this check it recomputed the evicted context, then failed on its own buffer, every step
+    while rows ran). Once the row has left, it runs and recomputes its context once."""
+    eng = Engine(tiny_lm, RKSCConfig(cache_budget=10**9))
+    sched, store, bpt = eng.scheduler, eng.store, tiny_lm.kv_bytes_per_token
+    labels = ["yes", "no"]
+    prompt = PROMPTS[1] + " the lazy dog"
+    eng.score([PROMPTS[1]], labels, stats=Stats())  # caches the prompt's first part
+    store.budget = store.bytes_held
+    store.make_room(store.bytes_held)  # evicts every cached block
+    assert store.bytes_held == 0
+    row = Row(ids=eng.tokenize(prompt), stats=Stats())
+    eng.cache.lookup([row])
+    assert row.matched > 0  # its first part is known (as tokens), evicted
+    store.budget = 10**9
+    need = eng.cache.need_bytes([row], 0)
+    run = Row(ids=eng.tokenize(PROMPTS[0]), stats=Stats())
+    eng.plan_rows([run])
+    g = GenRow(Call("generate", 1), 0, PROMPTS[0], run, Sampling(max_new_tokens=40), seeded(0))
+    assert sched.memory.hold(g, run)
+    sched.running.append(g)
+    store.budget = need + store.reserved - bpt  # one token short of room for the score batch
+    call = Call("score", 1, key=(tuple(labels), None))
+    call.args = {"labels": labels, "seqs": label_sequences(tiny_lm.tokenizer, labels), "exit_rule": None}
+    item = ScoreRow(call, 0, row)
+    sched.score_wait.append(item)
+    with torch.no_grad():  # as the engine's calls run it
+        run_scores(sched)
+    assert sched.score_wait == [item] and not call.done
+    assert row.stats.model_calls == 0 and row.stats.recomputed_tokens == 0 and store.bytes_held == 0
+    sched.memory.free(g)  # the running row leaves
+    sched.running.remove(g)
+    with torch.no_grad():
+        run_scores(sched)
+    assert call.done and sched.score_wait == []
+    assert row.stats.recomputed_tokens == row.matched  # its context, computed again once
+    assert store.peak_bytes <= store.budget

@@ -116,6 +116,18 @@ def plan_batches(cache: CacheManager, rows: list[Row], extra: int, max_batch: in
     return out
 
 
+def fits_beside_running(cache: CacheManager, part: list[Row], rows: list[Row]) -> bool:
+    """Whether a score batch's K/V fits now beside the running rows' reserved buffers: without
+    this check a batch that cannot fit would first recompute its evicted context (a template
+    shared by every score prompt) and only then fail on its own buffer, again every step while
+    the rows run. rows: the whole group (its must-store rows count as in `plan_batches`)."""
+    store = cache.store
+    if store.budget is None:
+        return True
+    must = [r for r in rows if r.must_store]
+    return cache.need_bytes(part, 0, must) + store.reserved <= store.budget
+
+
 def run_scores(sched: Any) -> None:
     """The step's score rows: grouped by labels and exit rule, each group in batches that fit."""
     groups: dict[Hashable, list[ScoreRow]] = {}
@@ -138,6 +150,8 @@ def _score_group(sched: Any, items: list[ScoreRow]) -> bool:
         eng.cache.lookup(rows)
     for idx in plan_batches(eng.cache, rows, 0, sched.max_rows):
         part = [items[i] for i in idx]
+        if sched.rows_held() and not fits_beside_running(eng.cache, [p.row for p in part], rows):
+            return False  # waits for running rows to finish, before recomputing any of its context
         try:
             out = eng.score_rows([p.row for p in part], args, [p.owner for p in part], rule)
         except CacheBudgetError as exc:
