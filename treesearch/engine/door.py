@@ -23,6 +23,7 @@ class Door:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._count = threading.Lock()
+        self._turns = threading.Condition(self._lock)  # the stepping thread waits here for its turn
         self.waiting = 0  # threads counted in: waiting for the lock, or woken and about to take it
 
     def cond(self) -> threading.Condition:
@@ -34,19 +35,30 @@ class Door:
         with self._count:
             self.waiting += n
 
+    def passed(self) -> None:
+        """A counted-in thread now holds the lock: count it out, and when it was the last, tell
+        the stepping thread, which runs its step once this thread lets the lock go."""
+        self.count_in(-1)
+        if self.waiting == 0:
+            self._turns.notify()
+
     def __enter__(self) -> Door:
         self.count_in()
         try:
             self._lock.acquire()
-        finally:
+        except BaseException:
             self.count_in(-1)
+            raise
+        self.passed()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._lock.release()
 
-    def wait_turns(self, cond: threading.Condition, poll_s: float = 0.0005) -> None:
+    def wait_turns(self, cond: threading.Condition | None = None, poll_s: float = 0.005) -> None:
         """Held by the thread about to run a step: release the lock until no thread is counted in
-        (each takes it, does its between-steps work and lets it go)."""
+        (each takes it, does its between-steps work and lets it go). The last one in wakes it
+        (`passed`); poll_s only bounds a wake-up missed (a test's own cond gets none)."""
+        cond = self._turns if cond is None else cond
         while self.waiting > 0:
             cond.wait(poll_s)

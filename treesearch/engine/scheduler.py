@@ -58,7 +58,6 @@ class Scheduler:
         self.max_rows = max_rows
         self.step_tokens = step_tokens
         self.door = Door()  # the engine's lock; threads that want it between steps go first
-        self.cv = self.door.cond()  # the stepping thread waits on it for their turns
         self._parked: dict[int, Call] = {}  # calls whose threads wait for them (`Call.wake`)
         self.gen_wait: deque[GenRow] = deque()
         self.score_wait: list[ScoreRow] = []
@@ -108,7 +107,7 @@ class Scheduler:
                     continue
                 self._busy = True  # this thread runs the next step; the others park
                 try:
-                    self.door.wait_turns(self.cv)  # threads between steps (their next calls) go first
+                    self.door.wait_turns()  # threads between steps (their next calls) go first
                     if call.done or call.cancelled is not None:
                         continue  # ended meanwhile (cancelled): the next waiting thread steps
                     self._step()
@@ -132,7 +131,7 @@ class Scheduler:
             self._parked.pop(id(call), None)
             if call.counted:  # whoever woke it counted it in: it holds the lock again now
                 call.counted = False
-                self.door.count_in(-1)
+                self.door.passed()
 
     def _wake(self, call: Call) -> None:
         if id(call) in self._parked and not call.counted:
