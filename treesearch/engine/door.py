@@ -6,7 +6,8 @@ that runs the steps take it back at once after each step, before the woken threa
 searches whose calls had returned kept missing steps: on Game of 24 with 64 searches in flight
 only 4-8 rows ran a step for the first 300 steps while the other searches waited for the lock.
 Here every thread counts itself in before it takes the lock (`Door.__enter__`), and the thread
-about to run a step waits while any are counted in (`Door.wait_turns`). There is still no barrier
+about to run a step waits while any are counted in (`Door.wait_turns`), woken by the last of them
+to take the lock (`Door.passed`). There is still no barrier
 over searches: a thread running its own search logic is not counted and does not hold up a step.
 """
 
