@@ -1,7 +1,8 @@
 """The compiled runs kernel (`treesearch.engine.runs_kernel`): each row's attention over the runs it
 reads apart, merged into its joint softmax, equals the same softmax computed in float64 over the
-joint part and every run's tokens; it reads K/V in place through any strides a run's view has;
-without a compiler, or turned off, the decoder reads the runs with torch ops and decodes the same."""
+joint part and every run's tokens, bit for bit the same at any thread count; it reads K/V in place
+through any strides a run's view has; without a compiler, or turned off, the decoder reads the runs
+with torch ops and decodes the same."""
 
 from __future__ import annotations
 
@@ -52,16 +53,30 @@ def reference(q, out, lse, runs, layer):
     lengths=st.lists(st.integers(1, 40), min_size=1, max_size=6),
     spread=st.floats(0.1, 8.0),
     seed=st.integers(0, 2**16),
+    threads=st.integers(1, 3),
 )
 def test_the_kernel_equals_the_float64_softmax_over_joint_part_and_runs(
-    kernel, rows, hkv, g, d, lengths, spread, seed
+    kernel, rows, hkv, g, d, lengths, spread, seed, threads
 ):
+    q, out, lse, runs = random_case(rows, hkv, g, d, lengths, spread, seed)
+    table = RunTable(rows, runs)
+    for layer in range(LAYERS):
+        got = out.clone()
+        table.attend(kernel, layer, q, got, lse, threads)
+        want = reference(q, out, lse, runs, layer)
+        assert (got.double() - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+
+
+LAYERS = 3
+
+
+def random_case(rows, hkv, g, d, lengths, spread, seed):
+    """q, the joint part (out, lse) and runs of the given lengths, each run read by 1-3 rows."""
     gen = torch.Generator().manual_seed(seed)
-    layers = 3
     runs = []
     for i, m in enumerate(lengths):
         # a view of a bigger tensor (room past `used`, heads and halves strided), as cached chunks are
-        kv = torch.randn(layers, 2, hkv, m + 5, d, generator=gen) * spread
+        kv = torch.randn(LAYERS, 2, hkv, m + 5, d, generator=gen) * spread
         readers = sorted({(i + j) % rows for j in range(1 + i % 3)})
         runs.append((kv, m, readers))
     qk = torch.randn(rows, hkv * g + hkv, d, generator=gen) * spread  # q rows strided, as in the step
@@ -69,12 +84,24 @@ def test_the_kernel_equals_the_float64_softmax_over_joint_part_and_runs(
     q = qk[:, : hkv * g].view(rows, hkv, g, d)
     out = torch.randn(rows, hkv, g, d, generator=gen)
     lse = torch.randn(rows, hkv, g, generator=gen) * spread
+    return q, out, lse, runs
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 9),
+    lengths=st.lists(st.integers(1, 60), min_size=1, max_size=8),
+    seed=st.integers(0, 2**16),
+)
+def test_the_kernel_gives_the_same_bits_at_any_thread_count(kernel, rows, lengths, seed):
+    q, out, lse, runs = random_case(rows, 3, 3, 64, lengths, 2.0, seed)
     table = RunTable(rows, runs)
-    for layer in range(layers):
+    results = []
+    for threads in (1, 2, 4):
         got = out.clone()
-        table.attend(kernel, layer, q, got, lse)
-        want = reference(q, out, lse, runs, layer)
-        assert (got.double() - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+        table.attend(kernel, 1, q, got, lse, threads)
+        results.append(got)
+    assert all(torch.equal(results[0], r) for r in results[1:])
 
 
 def test_the_table_has_one_entry_per_reading_row_sorted_by_row():

@@ -205,8 +205,8 @@ class Decoder:
             else torch.zeros(bsz, 1, 1, t).masked_fill_(~valid[:, None, None, :], float("-inf"))
         )
         kernel = runs_kernel.load() if RUNS_KERNEL and ATTENTION == "math" else None
-        plan = Plan(batch, write_pos, mask, PACK_SINGLES_BYTES if pack else 0, ATTENTION, kernel)
         threads = torch.get_num_threads()
+        plan = Plan(batch, write_pos, mask, PACK_SINGLES_BYTES if pack else 0, ATTENTION, kernel, threads)
         serial = SERIAL_ATTENTION and threads > 1
         for i, lw in enumerate(self.layers):
             qkv = lw.qkv(self._norm(x))
@@ -249,7 +249,7 @@ class Decoder:
             out, lse = _attend_one(layer, q, plan) if one else _attend_joint(layer, q, plan)
             if plan.runs is not None:  # every run read apart, merged in place in one kernel call
                 assert lse is not None
-                plan.runs.attend(plan.kernel, layer, q, out, lse)
+                plan.runs.attend(plan.kernel, layer, q, out, lse, plan.threads)
         else:
             out, lse = _flash(q, plan.k_buf[layer].transpose(-1, -2), plan.v_buf[layer], plan.mask)
         if plan.parts:

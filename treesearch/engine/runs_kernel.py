@@ -6,10 +6,14 @@ Why: read with torch ops, every such run costs two small matrix products per row
 a run read by some rows a log-sum-exp merge), about 60 ops a layer at 16 rows, each paying
 dispatch overhead far above its arithmetic (README, Performance: about 4 ms a row a step). This
 kernel reads them all in one call per layer, in place (no K/V is copied, so it runs under a cache
-budget too), from a table of pointers and strides made once per step.
+budget too), from a table of pointers and strides made once per step. Its (row, kv head) pairs
+are shared out over the step's torch threads with OpenMP, one parallel region per call (the
+torch ops around it run on one thread: `SERIAL_ATTENTION` in the decoder); each pair is computed
+whole by one thread, so the result is the same at any thread count.
 
 It is C, compiled on first use by the machine's C compiler (`$CC`, else `cc`) into the treesearch
-cache folder, and loaded with ctypes: no build step, no Python extension API. Where no compiler
+cache folder, and loaded with ctypes: no build step, no Python extension API (with -fopenmp where
+the compiler takes it, else for one thread). Where no compiler
 works, or `TREESEARCH_RUNS_KERNEL=0`, `load()` returns None and the decoder reads the runs with
 torch ops as before (`reason()` says why). The math is the same softmax, summed in another order
 (tests/engine/test_runs_kernel.py checks it against torch's to 1e-5).
@@ -37,6 +41,9 @@ SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static inline float dot(const float *a, const float *b, int64_t d) {
     float s = 0.0f;
@@ -45,14 +52,60 @@ static inline float dot(const float *a, const float *b, int64_t d) {
     return s;
 }
 
+/* One row b and kv head h: its g query heads' scores over the row's n run tokens (s: scratch of
+   g n + g d + g floats), merged with the joint part, times V, written over the joint part. */
+static void attend_head(const float *q, int64_t q_row, float *out, const float *lse, int64_t hkv,
+                        int64_t g, int64_t d, const int64_t *table, int64_t e0, int64_t e1, int64_t n,
+                        int64_t layer, int64_t b, int64_t h, float *s) {
+    float *acc = s + g * n, *den = acc + g * d;
+    const float *qh = q + b * q_row + h * g * d;
+    float *oh = out + (b * hkv + h) * g * d;
+    const float *lh = lse + (b * hkv + h) * g;
+    int64_t t = 0;
+    for (int64_t e = e0; e < e1; e++) {
+        const int64_t *r = table + 6 * e;
+        const float *k = (const float *)(intptr_t)r[0] + layer * r[1] + h * r[3];
+        for (int64_t i = 0; i < r[5]; i++, t++, k += r[4])
+            for (int64_t j = 0; j < g; j++) s[j * n + t] = dot(qh + j * d, k, d);
+    }
+    for (int64_t j = 0; j < g; j++) {
+        float m = lh[j];
+        for (int64_t i = 0; i < n; i++) m = s[j * n + i] > m ? s[j * n + i] : m;
+        float w = isinf(lh[j]) ? 0.0f : expf(lh[j] - m), sum = w;
+        for (int64_t i = 0; i < n; i++) {
+            float p = expf(s[j * n + i] - m);
+            s[j * n + i] = p;
+            sum += p;
+        }
+        den[j] = sum;
+        for (int64_t x = 0; x < d; x++) acc[j * d + x] = w * oh[j * d + x];
+    }
+    t = 0;
+    for (int64_t e = e0; e < e1; e++) {
+        const int64_t *r = table + 6 * e;
+        const float *v = (const float *)(intptr_t)r[0] + r[2] + layer * r[1] + h * r[3];
+        for (int64_t i = 0; i < r[5]; i++, t++, v += r[4])
+            for (int64_t j = 0; j < g; j++) {
+                float p = s[j * n + t];
+                float *aj = acc + j * d;
+#pragma omp simd
+                for (int64_t x = 0; x < d; x++) aj[x] += p * v[x];
+            }
+    }
+    for (int64_t j = 0; j < g; j++)
+        for (int64_t x = 0; x < d; x++) oh[j * d + x] = acc[j * d + x] / den[j];
+}
+
 /* table: per run 6 int64 (address of K at layer 0, head 0, token 0; layer stride; V - K offset;
    head stride; token stride; length), strides in floats, runs sorted by row: row_ptr[b] ..
    row_ptr[b + 1]. q: [rows, hkv, g, d] with row stride q_row; out [rows, hkv, g, d] and
-   lse [rows, hkv, g] (contiguous) hold the joint part and get the merged result.
+   lse [rows, hkv, g] (contiguous) hold the joint part and get the merged result. The (row, kv
+   head) pairs are shared out over up to `threads` OpenMP threads (where built with OpenMP); each
+   pair is computed whole by one thread, so the result does not depend on the thread count.
    Returns 0, or -1 when it could not allocate its scratch. */
 int ts_attend_runs(const float *q, int64_t q_row, float *out, const float *lse, int64_t rows,
                    int64_t hkv, int64_t g, int64_t d, const int64_t *table, const int64_t *row_ptr,
-                   int64_t layer) {
+                   int64_t layer, int64_t threads) {
     int64_t most = 0;
     for (int64_t b = 0; b < rows; b++) {
         int64_t n = 0;
@@ -60,54 +113,25 @@ int ts_attend_runs(const float *q, int64_t q_row, float *out, const float *lse, 
         if (n > most) most = n;
     }
     if (most == 0) return 0;
-    float *s = (float *)malloc(sizeof(float) * (size_t)(g * most + g * d + g));
-    if (!s) return -1;
-    float *acc = s + g * most, *den = acc + g * d;
-    for (int64_t b = 0; b < rows; b++) {
-        int64_t e0 = row_ptr[b], e1 = row_ptr[b + 1];
-        if (e0 == e1) continue;
-        int64_t n = 0;
+#ifndef _OPENMP
+    threads = 1;
+#endif
+    if (threads < 1) threads = 1;
+    int64_t per = g * most + g * d + g;
+    float *scratch = (float *)malloc(sizeof(float) * (size_t)(per * threads));
+    if (!scratch) return -1;
+#pragma omp parallel for num_threads((int)threads) schedule(dynamic, 1) if (threads > 1)
+    for (int64_t u = 0; u < rows * hkv; u++) {
+        int64_t b = u / hkv, e0 = row_ptr[b], e1 = row_ptr[b + 1], n = 0;
         for (int64_t e = e0; e < e1; e++) n += table[6 * e + 5];
-        for (int64_t h = 0; h < hkv; h++) {
-            const float *qh = q + b * q_row + h * g * d;
-            float *oh = out + (b * hkv + h) * g * d;
-            const float *lh = lse + (b * hkv + h) * g;
-            int64_t t = 0;
-            for (int64_t e = e0; e < e1; e++) {
-                const int64_t *r = table + 6 * e;
-                const float *k = (const float *)(intptr_t)r[0] + layer * r[1] + h * r[3];
-                for (int64_t i = 0; i < r[5]; i++, t++, k += r[4])
-                    for (int64_t j = 0; j < g; j++) s[j * n + t] = dot(qh + j * d, k, d);
-            }
-            for (int64_t j = 0; j < g; j++) {
-                float m = lh[j];
-                for (int64_t i = 0; i < n; i++) m = s[j * n + i] > m ? s[j * n + i] : m;
-                float w = isinf(lh[j]) ? 0.0f : expf(lh[j] - m), sum = w;
-                for (int64_t i = 0; i < n; i++) {
-                    float p = expf(s[j * n + i] - m);
-                    s[j * n + i] = p;
-                    sum += p;
-                }
-                den[j] = sum;
-                for (int64_t x = 0; x < d; x++) acc[j * d + x] = w * oh[j * d + x];
-            }
-            t = 0;
-            for (int64_t e = e0; e < e1; e++) {
-                const int64_t *r = table + 6 * e;
-                const float *v = (const float *)(intptr_t)r[0] + r[2] + layer * r[1] + h * r[3];
-                for (int64_t i = 0; i < r[5]; i++, t++, v += r[4])
-                    for (int64_t j = 0; j < g; j++) {
-                        float p = s[j * n + t];
-                        float *aj = acc + j * d;
-#pragma omp simd
-                        for (int64_t x = 0; x < d; x++) aj[x] += p * v[x];
-                    }
-            }
-            for (int64_t j = 0; j < g; j++)
-                for (int64_t x = 0; x < d; x++) oh[j * d + x] = acc[j * d + x] / den[j];
-        }
+#ifdef _OPENMP
+        float *s = scratch + per * omp_get_thread_num();
+#else
+        float *s = scratch;
+#endif
+        if (n > 0) attend_head(q, q_row, out, lse, hkv, g, d, table, e0, e1, n, layer, b, u % hkv, s);
     }
-    free(s);
+    free(scratch);
     return 0;
 }
 """
@@ -130,12 +154,21 @@ def _flags() -> list[str]:
     return flags
 
 
-def _build() -> ctypes.CDLL:
-    """Compile SOURCE once per source and flags into the cache folder (atomically), then load it."""
+def _build() -> tuple[ctypes.CDLL, bool]:
+    """Compile SOURCE once per source and flags into the cache folder (atomically), then load it:
+    with OpenMP where the compiler has it (-fopenmp links libgomp, which torch's CPU builds load
+    already), else for one thread. -> (library, built with OpenMP)."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise OSError("no C compiler found (set CC, or install gcc)")
-    flags = _flags()
+    try:
+        return _compile(cc, [*_flags(), "-fopenmp"]), True
+    except OSError:
+        return _compile(cc, _flags()), False
+
+
+def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
+    """SOURCE compiled with flags (cached by source, flags and compiler) and loaded."""
     key = hashlib.sha256((SOURCE + " ".join(flags) + cc).encode()).hexdigest()[:16]
     folder = cache_dir() / "kernels"
     lib = folder / f"runs-{key}.so"
@@ -152,7 +185,7 @@ def _build() -> ctypes.CDLL:
             os.replace(out, lib)
     dll = ctypes.CDLL(str(lib))
     fn = dll.ts_attend_runs
-    fn.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64]
+    fn.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64, _I64]
     fn.restype = ctypes.c_int
     return dll
 
@@ -165,7 +198,9 @@ def load() -> Any:
             _state["fn"], _state["reason"] = None, "off: TREESEARCH_RUNS_KERNEL=0"
         else:
             try:
-                _state["fn"], _state["reason"] = _build().ts_attend_runs, "compiled"
+                dll, openmp = _build()
+                _state["fn"] = dll.ts_attend_runs
+                _state["reason"] = "compiled" if openmp else "compiled without OpenMP (one thread)"
             except (OSError, subprocess.SubprocessError) as e:
                 _state["fn"], _state["reason"] = None, f"not available: {e}"
     return _state["fn"]
@@ -199,9 +234,12 @@ class RunTable:
         """A run's K/V the kernel can read: float32 on the CPU, [L, 2, Hkv, n, d] with d contiguous."""
         return kv.dtype == torch.float32 and kv.device.type == "cpu" and kv.dim() == 5 and kv.stride(4) == 1
 
-    def attend(self, fn: Any, layer: int, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    def attend(
+        self, fn: Any, layer: int, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, threads: int = 1
+    ) -> None:
         """Merge every row's runs into out [B, Hkv, g, d] (in place), given the joint part's out
-        and log-normaliser lse [B, Hkv, g] (both contiguous); q [B, Hkv, g, d], rows strided."""
+        and log-normaliser lse [B, Hkv, g] (both contiguous); q [B, Hkv, g, d], rows strided. The
+        (row, kv head) pairs are shared out over up to `threads` threads (same result at any count)."""
         bsz, hkv, g, d = q.shape
         rc = fn(
             q.data_ptr(),
@@ -215,6 +253,7 @@ class RunTable:
             self.table.data_ptr(),
             self.row_ptr.data_ptr(),
             layer,
+            threads,
         )
         if rc != 0:
             raise MemoryError("the runs kernel could not allocate its scratch")

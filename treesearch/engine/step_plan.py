@@ -32,6 +32,7 @@ class Plan:
         pack_bytes: int = 0,
         attention: str = "math",
         kernel: Any = None,
+        threads: int = 1,
     ) -> None:
         t = write_pos + 1
         bsz = batch.batch
@@ -46,6 +47,7 @@ class Plan:
         self.parts: list[tuple] = []  # (L x K [1, Hkv, m, d], L x V, rows: None, an int or a tensor)
         self.runs: RunTable | None = None  # with the kernel: every run not all rows read
         self.kernel = kernel
+        self.threads = threads  # the kernel's threads (the step's torch threads)
         self.packed: tuple | None = None  # (L x K^T [B, Hkv, d, S], L x V [B, Hkv, S, d], mask [B, 1, 1, S])
         apart = [(kv, used, rows) for kv, used, rows in batch.groups if rows is not None]
         if (
