@@ -116,6 +116,7 @@ int ts_attend_runs(const float *q, int64_t q_row, float *out, const float *lse, 
 #ifndef _OPENMP
     threads = 1;
 #endif
+    if (threads > rows * hkv) threads = rows * hkv;
     if (threads < 1) threads = 1;
     int64_t per = g * most + g * d + g;
     float *scratch = (float *)malloc(sizeof(float) * (size_t)(per * threads));
