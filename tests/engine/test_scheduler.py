@@ -269,3 +269,60 @@ def test_a_score_batch_that_cannot_fit_beside_running_rows_waits_without_recompu
     assert call.done and sched.score_wait == []
     assert row.stats.recomputed_tokens == row.matched  # its context, computed again once
     assert store.peak_bytes <= store.budget
+
+
+def finishes(fn, timeout: float = 120.0) -> list:
+    """Run fn in a thread: [its result or exception] if it ends within timeout, else [] (a hang)."""
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    return out
+
+
+def test_a_step_that_raises_while_it_holds_rows_off_the_queues_fails_their_calls_instead_of_hanging(
+    tiny_lm, monkeypatch
+):
+    """Admission takes waiting rows off the queue, then plans them: an error there used to fail
+    only the calls still queued, and the stepping thread, whose own rows were in hand, ran empty
+    steps forever. Every call not yet returned now gets the error, and the engine goes on."""
+    eng = Engine(tiny_lm, RKSCConfig())
+    plan_rows = eng.plan_rows
+    raised: list[int] = []
+
+    def broken(rows):
+        if not raised:
+            raised.append(1)
+            raise ValueError("planning failed")
+        return plan_rows(rows)
+
+    monkeypatch.setattr(eng, "plan_rows", broken)
+    out = finishes(lambda: eng.generate(["a row in hand"], Sampling(max_new_tokens=3)))
+    assert len(out) == 1, "the call never returned"
+    assert isinstance(out[0], ValueError) and "planning failed" in str(out[0])
+    sched = eng.scheduler
+    assert not sched._live and not sched.gen_wait and not sched.running and eng.store.reserved == 0
+    assert len(eng.generate(["a row in hand"], Sampling(max_new_tokens=3))[0].token_ids) == 3
+
+
+def test_a_call_whose_rows_are_nowhere_is_an_error_not_a_hang(tiny_lm, monkeypatch):
+    """The scheduler's own guard: after a step, a call not yet returned must have rows queued or
+    running. A row dropped by mistake (here: admission loses it) fails the call, naming the bug."""
+    from treesearch.engine import prefill
+
+    def losing(sched, left):
+        sched.gen_wait.popleft()  # taken and dropped
+
+    monkeypatch.setattr(prefill, "admit", losing)
+    eng = Engine(tiny_lm, RKSCConfig())
+    out = finishes(lambda: eng.generate(["a lost row"], Sampling(max_new_tokens=3)))
+    assert len(out) == 1, "the call never returned"
+    assert isinstance(out[0], RuntimeError)
+    assert "holds no rows of 1 unfinished call(s) (generate: 1 of 1 rows left)" in str(out[0])

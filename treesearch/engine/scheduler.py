@@ -59,6 +59,7 @@ class Scheduler:
         self.step_tokens = step_tokens
         self.door = Door()  # the engine's lock; threads that want it between steps go first
         self._parked: dict[int, Call] = {}  # calls whose threads wait for them (`Call.wake`)
+        self._live: dict[int, Call] = {}  # every call submitted and not returned yet
         self.gen_wait: deque[GenRow] = deque()
         self.score_wait: list[ScoreRow] = []
         self.filling: list[GenRow] = []  # admitted, their prompts not fully prefilled yet
@@ -92,35 +93,43 @@ class Scheduler:
         calls ended, and one waiting thread when the stepping thread leaves."""
         with self.door:
             call.wake = self.door.cond()
+            self._live[id(call)] = call
             if call.kind == "generate":
                 self.gen_wait.extend(items)
             else:
                 self.score_wait.extend(items)
         with self.door:
-            while True:
-                if call.cancelled is not None and not call.done:
-                    raise SearchCancelled(str(call.cancelled) or type(call.cancelled).__name__)
-                if call.done:
-                    break
-                if self._busy:
-                    self._park(call)
-                    continue
-                self._busy = True  # this thread runs the next step; the others park
-                try:
-                    self.door.wait_turns()  # threads between steps (their next calls) go first
-                    if call.done or call.cancelled is not None:
-                        continue  # ended meanwhile (cancelled): the next waiting thread steps
-                    self._step()
-                except BaseException as exc:
-                    self._fail_all(exc)
-                    if not isinstance(exc, Exception):
-                        raise
-                finally:
-                    self._busy = False
-                    self._wake_after_step(call)
+            try:
+                self._wait_for(call)
+            finally:
+                self._live.pop(id(call), None)
         if call.error is not None:
             raise call.error
         return call.results
+
+    def _wait_for(self, call: Call) -> None:
+        """The submitting thread's loop (the lock held): park, or run steps, until call is done."""
+        while True:
+            if call.cancelled is not None and not call.done:
+                raise SearchCancelled(str(call.cancelled) or type(call.cancelled).__name__)
+            if call.done:
+                break
+            if self._busy:
+                self._park(call)
+                continue
+            self._busy = True  # this thread runs the next step; the others park
+            try:
+                self.door.wait_turns()  # threads between steps (their next calls) go first
+                if call.done or call.cancelled is not None:
+                    continue  # ended meanwhile (cancelled): the next waiting thread steps
+                self._step()
+            except BaseException as exc:
+                self._fail_all(exc)
+                if not isinstance(exc, Exception):
+                    raise
+            finally:
+                self._busy = False
+                self._wake_after_step(call)
 
     def _park(self, call: Call) -> None:
         """Wait (the lock released) until a step wakes this call's thread."""
@@ -182,6 +191,20 @@ class Scheduler:
             self.steps += 1
         if self.on_step is not None:
             self.on_step()
+        self._check_rows()
+
+    def _check_rows(self) -> None:
+        """Every call not yet returned has rows queued or running (or was cancelled): one whose
+        rows are nowhere would have its thread run empty steps forever, so that is an error."""
+        if self.gen_wait or self.score_wait or self.filling or self.running:
+            return
+        lost = [c for c in self._live.values() if not c.done and c.cancelled is None]
+        if lost:
+            raise RuntimeError(
+                f"internal error: the scheduler holds no rows of {len(lost)} unfinished call(s) "
+                f"({', '.join(f'{c.kind}: {c.left} of {c.n} rows left' for c in lost[:4])}); "
+                "this is a bug in treesearch, please report it with the command that ran"
+            )
 
     def _fill(self) -> None:
         """Admit and prefill (a part of each long prompt, `treesearch.engine.prefill`); rows whose
@@ -314,9 +337,11 @@ class Scheduler:
         self.score_wait = [it for it in self.score_wait if it.call is not call]
 
     def _fail_all(self, exc: BaseException) -> None:
-        """An error no single call caused (a bug, Ctrl-C inside a step): every call gets it."""
-        for call in self._calls():
-            self.fail_call(call, exc)
+        """An error no single call caused (a bug, Ctrl-C inside a step): every call gets it, those
+        whose rows the step held outside the queues when it raised included."""
+        for call in [*self._calls(), *self._live.values()]:
+            if not call.done:
+                self.fail_call(call, exc)
         self.engine.cache.end_call()
 
     def _calls(self) -> list[Call]:
