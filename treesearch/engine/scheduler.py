@@ -28,6 +28,8 @@ One step (under the engine's lock, run by whichever waiting thread finds no step
 4. a row that meets EOS, a stop string or max tokens leaves at once, and a call returns to its
    search as soon as its last row is done: no barrier over searches.
 Rows carry their own seeds and prompts, so a result never depends on which rows shared a step.
+After every step each call not yet returned has rows queued or running (`_check_rows`), and an
+error inside a step fails every call not yet returned, so no thread waits on rows that are gone.
 """
 
 from __future__ import annotations
