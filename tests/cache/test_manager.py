@@ -411,6 +411,46 @@ def test_shared_runs_are_skipped_when_the_budget_has_no_room_for_them():
     assert a.pins == 0
 
 
+def shared_rows() -> list[Row]:
+    """Two pairs of rows after the cached [1, 2, 3, 4]: one pair shares a 6-token run, the other a
+    4-token run (2 + 1 blocks; their forward's buffer pads both runs to 6 tokens: 12 tokens)."""
+    a, b = [10, 11, 12, 13, 14, 15], [20, 21, 22, 23]
+    return [Row(ids=[1, 2, 3, 4, *run, tail]) for run in (a, b) for tail in (40, 41)]
+
+
+@pytest.mark.parametrize(("spare", "shared"), [(-1, False), (0, True)])
+def test_shared_runs_need_room_for_their_blocks_and_their_forwards_buffer(spare, shared):
+    """The runs' 3 blocks (12 tokens) fit; beside them the forward's buffer (12 tokens) must fit
+    too, or each row computes its own: the engine's forward reserves that buffer, and a budget
+    that held the blocks but not the buffer failed the whole admission (every row in it)."""
+    room = 3 * BLOCK + 12 * BPT
+    cm, model = make(budget=BLOCK + room + spare, share_min_tokens=4)
+    a, _ = put(cm, [1, 2, 3, 4])  # one block, pinned as the runs' context
+    rows = shared_rows()
+    cm.prepare(rows)
+    assert len(model.calls) == (2 if shared else 0)
+    assert [r.matched for r in rows] == ([10, 10, 8, 8] if shared else [4, 4, 4, 4])
+    cm.end_call()
+    assert a.pins == 0
+    cm.store.check_invariants()
+
+
+def test_shared_runs_whose_forward_finds_no_room_leave_each_row_to_compute_its_own():
+    cm, model = make(share_min_tokens=4)
+    a, _ = put(cm, [1, 2, 3, 4])
+
+    def no_room(*args):
+        raise CacheBudgetError("no room for the forward's buffer")
+
+    cm.compute = no_room
+    rows = shared_rows()
+    cm.prepare(rows)  # sharing saves work and is never needed: no error
+    assert [r.matched for r in rows] == [4, 4, 4, 4] and [r.prepass for r in rows] == [0, 0, 0, 0]
+    cm.end_call()
+    assert a.pins == 0 and not model.calls
+    cm.store.check_invariants()
+
+
 # -- property test: random owner and storage sequences -----------------------------------------------------
 
 op = st.one_of(

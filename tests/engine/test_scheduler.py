@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from treesearch import Engine, RKSCConfig, Sampling
 from treesearch.cache.manager import Row
-from treesearch.common.errors import SearchCancelled
+from treesearch.common.errors import CacheBudgetError, SearchCancelled
 from treesearch.common.stats import Stats
 from treesearch.engine.labels import label_sequences
 from treesearch.engine.running import Call, GenRow, ScoreRow
@@ -326,3 +326,43 @@ def test_a_call_whose_rows_are_nowhere_is_an_error_not_a_hang(tiny_lm, monkeypat
     assert len(out) == 1, "the call never returned"
     assert isinstance(out[0], RuntimeError)
     assert "holds no rows of 1 unfinished call(s) (generate: 1 of 1 rows left)" in str(out[0])
+
+
+def test_rows_whose_planning_finds_no_room_wait_for_the_running_rows_and_then_run(tiny_lm, monkeypatch):
+    """Planning admitted rows may run forwards of its own (shared runs, ASKS) that need room. When
+    it finds none while rows run, the rows go back to the queue and wait; they run, with the
+    tokens they have alone, once the running row has left. With nothing running, the call fails
+    with the budget's error (no room will come)."""
+    sampling = Sampling(max_new_tokens=4, ignore_eos=True)
+    want = Engine(tiny_lm, RKSCConfig()).generate(["a late row"], sampling)[0].token_ids
+    eng = Engine(tiny_lm, RKSCConfig())
+    sched = eng.scheduler
+    plan_rows, refused = eng.plan_rows, []
+
+    def tight(rows):
+        if sched.rows_held():
+            refused.append(sched.decode_steps)
+            raise CacheBudgetError("no room to plan beside the running rows")
+        return plan_rows(rows)
+
+    monkeypatch.setattr(eng, "plan_rows", tight)
+    running = threading.Event()
+    sched.on_step = lambda: sched.running and running.set()
+    long = threading.Thread(
+        target=eng.generate, args=(["a long row"], Sampling(max_new_tokens=30, ignore_eos=True))
+    )
+    long.start()
+    assert running.wait(60)
+    out = finishes(lambda: eng.generate(["a late row"], sampling))
+    long.join()
+    assert len(out) == 1 and not isinstance(out[0], BaseException), out
+    assert out[0][0].token_ids == want
+    assert refused and sched.decode_steps > refused[-1]  # refused while the long row ran
+
+    def never(rows):
+        raise CacheBudgetError("no room to plan")
+
+    monkeypatch.setattr(eng, "plan_rows", never)
+    out = finishes(lambda: eng.generate(["a lone row"], sampling))
+    assert len(out) == 1 and isinstance(out[0], CacheBudgetError) and "no room to plan" in str(out[0])
+    assert not sched._live and not sched.gen_wait and eng.store.reserved == 0

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from treesearch.common.errors import CacheBudgetError
+
 
 def _ceil(n: int, d: int) -> int:
     return -(-n // d)
 
 
 def share_runs(cache: Any, rows: list) -> None:
-    """Compute once the new-token runs that several rows share, then look the rows up again."""
+    """Compute once the new-token runs that several rows share, then look the rows up again. It
+    saves work and is never needed: where the budget has no room for the runs' blocks and their
+    forward's buffer (beside what running rows hold), each row computes its own."""
     while True:
         groups: dict[tuple, list] = {}
         for r in rows:
@@ -43,14 +47,19 @@ def share_runs(cache: Any, rows: list) -> None:
             return
         for run in runs:
             cache.pin(run[0])
-        need = sum(_ceil(len(run[1]), cache.store.block_size) for run in runs) * cache.store.block_bytes
-        if not cache.store.can_hold(need):  # no room for the shared runs: each row computes its own
+        store = cache.store
+        need = sum(_ceil(len(run[1]), store.block_size) for run in runs) * store.block_bytes
+        buffer = len(runs) * max(len(run[1]) for run in runs) * store.bytes_per_token  # the forward's
+        if not store.can_hold(need + buffer):  # no room for the shared runs: each row computes its own
             return
-        for run in runs:
-            cache.ensure_resident(run[0], charge=run[4])
-        kvs = cache.compute(
-            [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs], [r[4] for r in runs]
-        )
+        try:
+            for run in runs:
+                cache.ensure_resident(run[0], charge=run[4])
+            kvs = cache.compute(
+                [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs], [r[4] for r in runs]
+            )
+        except CacheBudgetError:  # the room went to making the contexts resident: the same
+            return
         for kv, (_, _, start, ids, charge) in zip(kvs, runs):
             cache.insert(ids, start, kv, charge=charge)
         cache.lookup(rows)

@@ -54,7 +54,13 @@ def admit(sched: Any, left: int) -> None:
             Row(ids=ids, stats=g.stats, search=g.row.search, must_store=g.row.must_store and not g.gens)
         )
         plans[-1].bare = g.row.bare
-    eng.plan_rows(plans)
+    try:
+        eng.plan_rows(plans)
+    except CacheBudgetError as exc:  # planning's own forwards (ASKS) found no room: all wait
+        sched.gen_wait.extendleft(reversed(picked))
+        if not sched.rows_held():  # nothing holds room that could free
+            sched.fail_call(picked[0].call, exc)
+        return
     admitted: list[GenRow] = []
     for g, p in zip(picked, plans):
         if left <= 0:
