@@ -58,7 +58,7 @@ def share_runs(cache: Any, rows: list) -> None:
             kvs = cache.compute(
                 [r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs], [r[4] for r in runs]
             )
-        except CacheBudgetError:  # the room went to making the contexts resident: the same
+        except CacheBudgetError:  # no room after all (making the contexts resident took it)
             return
         for kv, (_, _, start, ids, charge) in zip(kvs, runs):
             cache.insert(ids, start, kv, charge=charge)

@@ -13,9 +13,9 @@ whole by one thread, so the result is the same at any thread count.
 
 It is C, compiled on first use by the machine's C compiler (`$CC`, else `cc`) into the treesearch
 cache folder, and loaded with ctypes: no build step, no Python extension API (with -fopenmp where
-the compiler takes it, else for one thread). Where no compiler
-works, or `TREESEARCH_RUNS_KERNEL=0`, `load()` returns None and the decoder reads the runs with
-torch ops as before (`reason()` says why). The math is the same softmax, summed in another order
+the compiler takes it, else for one thread). Where no compiler works, or
+`TREESEARCH_RUNS_KERNEL=0`, `load()` returns None and the decoder reads the runs with torch ops as
+before (`reason()` says why). The math is the same softmax, summed in another order
 (tests/engine/test_runs_kernel.py checks it against torch's to 1e-5).
 """
 
