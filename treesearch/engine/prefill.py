@@ -54,16 +54,14 @@ def admit(sched: Any, left: int) -> None:
             Row(ids=ids, stats=g.stats, search=g.row.search, must_store=g.row.must_store and not g.gens)
         )
         plans[-1].bare = g.row.bare
+    no_room: CacheBudgetError | None = None
     try:
         eng.plan_rows(plans)
     except CacheBudgetError as exc:  # planning's own forwards (ASKS) found no room: all wait
-        sched.gen_wait.extendleft(reversed(picked))
-        if not sched.rows_held():  # nothing holds room that could free
-            sched.fail_call(picked[0].call, exc)
-        return
+        no_room = exc
     admitted: list[GenRow] = []
     for g, p in zip(picked, plans):
-        if left <= 0:
+        if left <= 0 or no_room is not None:
             break
         ok = sched.memory.hold(g, p)
         if not ok and not admitted and not sched.rows_held() and eng.config.shares and not p.bare:
@@ -83,7 +81,7 @@ def admit(sched: Any, left: int) -> None:
     for g in reversed(picked[len(admitted) :]):
         sched.gen_wait.appendleft(g)
     if not admitted and picked and not sched.rows_held():  # nothing holds room that could free: never fits
-        sched.fail_call(picked[0].call, sched.memory.no_room(picked[0]))
+        sched.fail_call(picked[0].call, no_room or sched.memory.no_room(picked[0]))
     sched.filling.extend(admitted)
 
 

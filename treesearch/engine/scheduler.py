@@ -328,7 +328,7 @@ class Scheduler:
     def _fail_all(self, exc: BaseException) -> None:
         """An error no single call caused (a bug, Ctrl-C inside a step): every call gets it, those
         whose rows the step held outside the queues when it raised included."""
-        for call in [*self._calls(), *self._live.values()]:
+        for call in list(self._live.values()):  # every queued row's call is live too
             if not call.done:
                 self.fail_call(call, exc)
         self.engine.cache.end_call()
