@@ -38,9 +38,10 @@ def fill(sched: Any) -> tuple[list[GenRow], list[GenRow], torch.Tensor | None]:
 def admit(sched: Any, left: int) -> None:
     """Waiting rows, in order, while `left` prompt tokens remain this step and `max_rows` allow:
     planned together (`Engine.plan_rows`), then held one by one (`RowMemory.hold`) until one does
-    not fit; they join `sched.filling`. A row that cannot fit with nothing else holding K/V runs
-    without its cached prefix (bare), or, if even that cannot fit, fails its call."""
-    eng, cache = sched.engine, sched.engine.cache
+    not fit; they join `sched.filling`. A row that cannot fit with nothing else holding K/V
+    (`hold_alone`) lets go of planning's pins, then runs without its cached prefix (bare), or, if
+    even that cannot fit, fails its call."""
+    eng = sched.engine
     picked: list[GenRow] = []
     est = 0
     while sched.gen_wait and est < left and sched.rows_held() + len(picked) < sched.max_rows:
@@ -64,10 +65,8 @@ def admit(sched: Any, left: int) -> None:
         if left <= 0 or no_room is not None:
             break
         ok = sched.memory.hold(g, p)
-        if not ok and not admitted and not sched.rows_held() and eng.config.shares and not p.bare:
-            p.bare, g.row.bare = True, True  # too little room for its cached context and its buffer
-            cache.lookup([p])
-            ok = sched.memory.hold(g, p)
+        if not ok and not admitted and not sched.rows_held():
+            ok = hold_alone(sched, g, p)
         if not ok:
             break
         left -= len(p.ids) - p.matched
@@ -83,6 +82,22 @@ def admit(sched: Any, left: int) -> None:
     if not admitted and picked and not sched.rows_held():  # nothing holds room that could free: never fits
         sched.fail_call(picked[0].call, no_room or sched.memory.no_room(picked[0]))
     sched.filling.extend(admitted)
+
+
+def hold_alone(sched: Any, g: GenRow, p: Row) -> bool:
+    """The first row to admit did not fit, and no admitted row holds K/V: before its call fails,
+    let go of what planning pinned for this step (the shared runs it stored, which no row holds
+    yet: they may be evicted and recomputed), then, with sharing on, try the row without its
+    cached prefix (bare: too little room for that context and its buffer)."""
+    cache = sched.engine.cache
+    cache.end_call(g.stats)
+    if sched.memory.hold(g, p):
+        return True
+    if not sched.engine.config.shares or p.bare:
+        return False
+    p.bare, g.row.bare = True, True
+    cache.lookup([p])
+    return bool(sched.memory.hold(g, p))
 
 
 def prefill_parts(sched: Any) -> tuple[list[GenRow], list[GenRow], torch.Tensor | None]:
