@@ -142,6 +142,21 @@ def test_check_budget_adds_what_pinned_prompts_keep_to_every_rows_need():
     assert r.stats.least_budget_bytes == 2 * BLOCK + (3 + 2) * BPT  # the pinned prompt + the row's buffer
 
 
+def test_a_must_store_rows_bare_need_counts_its_prompt_once_not_beside_its_reused_chain():
+    # A[1..5] (2 blocks) is cached; a must-store row (its prompt stays cached: a search's root)
+    # shares 2 of its tokens. Reusing them holds A's 2 blocks, 1 block for the 4 new tokens and
+    # 4 tokens of buffer (128); bare, it stores its 6 tokens in 2 blocks with 6 tokens of buffer
+    # (112). The bare need used to count A and the row's 1 new block as well (176), so a search
+    # with room alone failed when a kept cache held a prompt that shared its first tokens.
+    cm, _ = make(budget=112)
+    put(cm, [1, 2, 3, 4, 5])
+    r = Row(ids=[1, 2, 7, 7, 7, 7], stats=Stats(), must_store=True)
+    cm.lookup([r])
+    assert r.matched == 2 and cm.need_bytes([r], 0) == 3 * BLOCK + 4 * BPT
+    cm.check_budget([r], extra=0)
+    assert r.stats.least_budget_bytes == 2 * BLOCK + 6 * BPT
+
+
 # -- reserve, report_peak, fits_free, omega and LRU order ----------------------------------------------
 
 

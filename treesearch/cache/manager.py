@@ -246,9 +246,7 @@ class CacheManager:
             return
         budget = self.store.budget
         must = [r for r in rows if r.must_store]
-        need = max(
-            min(self.need_bytes([r], extra, must), self.need_bytes([bare_copy(r)], extra, must)) for r in rows
-        )
+        need = max(min(self.need_bytes([r], extra, must), self._bare_need(r, extra, must)) for r in rows)
         for st in distinct([r.stats or self.stats for r in rows]):  # the least budget that runs it
             st.least_budget_bytes = max(st.least_budget_bytes, need)
         if fail and budget is not None and need > budget:
@@ -259,6 +257,12 @@ class CacheManager:
                 f"batch buffer need at least {need} bytes ({need // bpt} tokens of K/V at {bpt} bytes each); "
                 f"raise --cache-budget to at least {need}, or run fewer searches at once"
             )
+
+    def _bare_need(self, r: Row, extra: int, must: list[Row]) -> int:
+        """`need_bytes` of r run bare: where its prompt must stay cached, its bare copy stores it
+        in place of r (r's chain and r's new blocks are not held as well)."""
+        bare = bare_copy(r)
+        return self.need_bytes([bare], extra, [bare if m is r else m for m in must])
 
     def share_runs(self, rows: list[Row]) -> None:
         """Compute once the new-token runs that several rows share, then look the rows up again."""
