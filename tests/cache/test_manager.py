@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hangs import finishes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -463,6 +464,19 @@ def test_shared_runs_whose_forward_finds_no_room_leave_each_row_to_compute_its_o
     assert [r.matched for r in rows] == [4, 4, 4, 4] and [r.prepass for r in rows] == [0, 0, 0, 0]
     cm.end_call()
     assert a.pins == 0 and not model.calls
+    cm.store.check_invariants()
+
+
+def test_bare_rows_take_no_shared_run_and_planning_them_ends():
+    """Bare rows (a budget too small for their context and their buffer) that start with the same
+    run: planning computed the run, looked the rows up again, and a lookup leaves a bare row at
+    no prefix, so it found the same run again, for ever (a score batch under a budget hung)."""
+    cm, model = make(share_min_tokens=4)
+    rows = [bare_copy(r) for r in shared_rows()]
+    out = finishes(lambda: cm.prepare(rows))
+    assert out == [None], "planning bare rows did not end"
+    assert not model.calls and [(r.chain, r.matched) for r in rows] == [([], 0)] * 4
+    cm.end_call()
     cm.store.check_invariants()
 
 

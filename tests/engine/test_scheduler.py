@@ -10,6 +10,7 @@ import threading
 
 import pytest
 import torch
+from hangs import finishes
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -308,22 +309,6 @@ def test_a_score_batch_that_cannot_fit_beside_running_rows_waits_without_recompu
     assert call.done and sched.score_wait == []
     assert row.stats.recomputed_tokens == row.matched  # its context, computed again once
     assert store.peak_bytes <= store.budget
-
-
-def finishes(fn, timeout: float = 120.0) -> list:
-    """Run fn in a thread: [its result or exception] if it ends within timeout, else [] (a hang)."""
-    out: list = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - the test reads it
-            out.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    return out
 
 
 def test_a_step_that_raises_while_it_holds_rows_off_the_queues_fails_their_calls_instead_of_hanging(

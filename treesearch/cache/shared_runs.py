@@ -15,11 +15,12 @@ def _ceil(n: int, d: int) -> int:
 def share_runs(cache: Any, rows: list) -> None:
     """Compute once the new-token runs that several rows share, then look the rows up again. It
     saves work and is never needed: where the budget has no room for the runs' blocks and their
-    forward's buffer (beside what running rows hold), each row computes its own."""
+    forward's buffer (beside what running rows hold), each row computes its own. A bare row
+    attends over no cached prefix, so it takes no shared run (a lookup leaves it at none)."""
     while True:
         groups: dict[tuple, list] = {}
         for r in rows:
-            if r.matched < len(r.ids) - 1:
+            if not r.bare and r.matched < len(r.ids) - 1:
                 end = (r.chain[-1][0].id, r.chain[-1][1]) if r.chain else (0, 0)
                 groups.setdefault((end, r.ids[r.matched]), []).append(r)
         runs: list[tuple[Any, list[int], int, list[int], Any]] = []  # counted in the first row's stats
