@@ -5,6 +5,9 @@ own counters equal `solve(x)` alone, and all K/V stays within the budget."""
 from __future__ import annotations
 
 import pytest
+from hangs import finishes
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reliability_problems import Words
 from same_results import STRATEGIES, assert_same
 
@@ -85,3 +88,65 @@ def test_any_concurrency_under_a_budget_that_preempts_equals_the_searches_alone(
             break
     if concurrency == 8:
         assert preempted > 0
+
+
+class Templated(Words):
+    """Words whose prompts start with one template (longer than `share_min_tokens`), so rows of
+    several searches share its run, planned under the budget."""
+
+    TEMPLATE = "Follow the worked examples above exactly, one word at a time, and keep it short. "
+
+    def expand_prompt(self, state: tuple) -> str:
+        return self.TEMPLATE + super().expand_prompt(state)
+
+    def value_prompt(self, state: tuple) -> str:
+        return self.TEMPLATE + super().value_prompt(state)
+
+
+_TEMPLATED: dict = {}
+
+
+@given(
+    name=st.sampled_from(sorted(STRATEGIES)),
+    concurrency=st.integers(2, 5),
+    fraction=st.sampled_from([0.1, 0.15, 0.2, 0.3, 0.5]),
+    eviction=st.sampled_from(["omega", "lru"]),
+)
+@settings(max_examples=12, deadline=None)
+def test_any_budget_ends_every_search_alone_or_naming_the_budget_it_needs(
+    tiny_lm, name, concurrency, fraction, eviction
+):
+    """Templated prompts under budgets down to a tenth of the peak: the run ends (a bare score
+    batch's planning once looped for ever), each search that completes equals its search alone,
+    and one that stops names the budget it needs (near the minimum, other searches' pinned
+    prompts count: README, Memory). Found three bugs as a longer hunt (README, Running a test set)."""
+    problem = Templated(
+        width=2, depth=3 if name == "dfs" else 2, max_new_tokens=6, chain=name in ("bfs", "mcts")
+    )
+    if name not in _TEMPLATED:
+        ref = [
+            Searcher(tiny_lm, problem, STRATEGIES[name](), RKSCConfig(), progress=False).solve(x)
+            for x in INPUTS
+        ]
+        _TEMPLATED[name] = (ref, _peak(tiny_lm, name, problem, 3))
+    ref, peak = _TEMPLATED[name]
+    budget = int(peak * fraction)
+    searcher = Searcher(
+        tiny_lm,
+        problem,
+        STRATEGIES[name](),
+        RKSCConfig(cache_budget=budget, eviction=eviction),
+        progress=False,
+    )
+    engine = searcher.shared_engine()
+    engine.scheduler.on_step = engine.store.check_invariants
+    out = finishes(lambda: list(searcher.solve_many(INPUTS, concurrency=concurrency)), timeout=300)
+    assert out, "the run did not end"
+    runs = out[0]
+    assert not isinstance(runs, BaseException), runs
+    done = [i for i, r in enumerate(runs) if r.status == "complete"]
+    for r in runs:  # a stopped search names the bytes it needs and the fix
+        stopped = str(r.error).startswith("CacheBudgetError") and "at least" in str(r.error)
+        assert r.status == "complete" or (stopped and "raise --cache-budget" in str(r.error)), r.error
+    assert_same([ref[i] for i in done], [runs[i] for i in done])
+    assert engine.store.peak_bytes <= budget and engine.store.reserved == 0
