@@ -66,6 +66,20 @@ def test_a_pinned_owner_pins_what_it_holds_and_what_it_acquires_later_until_rele
     assert [t[k].pins for k in "abc"] == [0, 0, 0]
 
 
+def test_an_unpinned_owner_keeps_what_it_holds_evictable_and_frees_it_when_released():
+    t = tree()
+    table = OwnerTable()
+    table.pin_owner("p")
+    table.acquire("p", (t["b"], 2))
+    table.unpin_owner("p")
+    table.unpin_owner("p")  # unpinning again takes no second pin
+    assert [t[k].pins for k in "abc"] == [0, 0, 0] and table.held_by("p") == {t["a"], t["b"]}
+    table.acquire("p", (t["c"], 1))  # acquired later: not pinned either
+    assert t["c"].pins == 0
+    table.check(t[k] for k in "abc")
+    assert table.release("p") == [t["a"], t["b"], t["c"]]
+
+
 def test_check_catches_a_segment_whose_owners_disagree_with_the_table():
     t = tree()
     table = OwnerTable()

@@ -245,6 +245,10 @@ class KVStore:
         """Pin whatever this owner holds, now and later (e.g. the root prompt), until it is released."""
         self.owner_table.pin_owner(owner)
 
+    def unpin_owner(self, owner: Hashable) -> None:
+        """What this owner holds may be evicted again (it still holds it until released)."""
+        self.owner_table.unpin_owner(owner)
+
     def free_segments(self) -> list[Segment]:
         """Resident segments no owner holds (evicted first)."""
         return [s for s in self.segments.values() if s.kv is not None and not s.owners]

@@ -92,6 +92,7 @@ class CacheManager:
         self.store = KVStore(bytes_per_token, config.block_size, budget=config.cache_budget, policy=order)
         self._call_pins: list[Chain] = []  # chains pinned for the running engine call
         self._prompt_pins: set = set()  # owners whose prompts are pinned (pin_owner)
+        self._prompt_owners: set = set()  # owners whose prompts are held as ("prompt", owner)
         self._prompt_hits: dict[int, set] = {}  # segment id -> searches whose prompt contexts ran through it
         self._evicted_seen = 0  # store.evicted_blocks already counted in some Stats
 
@@ -112,14 +113,27 @@ class CacheManager:
     def release(self, owner: Hashable) -> None:
         """`owner` lets go of every context it holds; blocks no one holds become free (evicted first)."""
         self.store.release(owner)
-        if owner in self._prompt_pins:
-            self._prompt_pins.discard(owner)
+        self._prompt_pins.discard(owner)
+        if owner in self._prompt_owners:
+            self._prompt_owners.discard(owner)
             self.store.release(("prompt", owner))
 
     def pin_owner(self, owner: Hashable) -> None:
-        """Never evict the prompts of this owner's calls until `release(owner)`."""
+        """Never evict the prompts of this owner's calls until `release(owner)` (or, with several
+        searches in flight, until `drop_prompt_pins`)."""
         self._prompt_pins.add(owner)
+        self._prompt_owners.add(owner)
         self.store.pin_owner(("prompt", owner))
+
+    def drop_prompt_pins(self) -> bool:
+        """Unpin every pinned prompt: still held, now evictable (recomputed on demand), and later
+        prompts of those owners are cached only where room is free. False: none was pinned."""
+        if not self._prompt_pins:
+            return False
+        for owner in self._prompt_pins:
+            self.store.unpin_owner(("prompt", owner))
+        self._prompt_pins.clear()
+        return True
 
     def prompt_pinned(self, owner: Hashable | None) -> bool:
         return owner is not None and owner in self._prompt_pins
@@ -130,6 +144,7 @@ class CacheManager:
         for owner in self.store.owners():
             self.store.release(owner)
         self._prompt_pins.clear()
+        self._prompt_owners.clear()
         self.end_search(last, live=set())
         self.store.reset_counters()
         self._evicted_seen = 0

@@ -52,6 +52,14 @@ class OwnerTable:
     def held_by(self, owner: Hashable) -> set[Segment]:
         return set(self._held.get(owner, ()))
 
+    def unpin_owner(self, owner: Hashable) -> None:
+        """The owner keeps what it holds, unpinned: evictable again, until it is released."""
+        if owner not in self._pinned:
+            return
+        self._pinned.discard(owner)
+        for seg in self._held.get(owner, ()):
+            seg.pins -= 1
+
     def pin_owner(self, owner: Hashable) -> None:
         """Pin whatever this owner holds, now and later, until it is released."""
         if owner in self._pinned:

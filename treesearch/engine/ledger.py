@@ -16,6 +16,7 @@ class _Search:
     stats: Stats
     key: int
     unique: TokenTrie = field(default_factory=TokenTrie)
+    shared: bool = False  # begun with `begin`: one of the searches sharing the engine
 
 
 class SearchLedger:
@@ -27,7 +28,7 @@ class SearchLedger:
 
     def begin(self) -> Stats:
         stats = Stats()
-        self._get(stats)
+        self._get(stats).shared = True
         return stats
 
     def end(self, stats: Stats) -> int | None:
@@ -40,6 +41,10 @@ class SearchLedger:
 
     def live_keys(self) -> set[int]:
         return {s.key for s in self._by_stats.values()}
+
+    def shared(self) -> bool:
+        """Whether a live search shares the engine (solve_many, `treesearch run`, a Ray worker)."""
+        return any(s.shared for s in self._by_stats.values())
 
     def saw(self, stats: Stats, ids: Sequence[int]) -> None:
         """The search ran the model over the context ids."""
