@@ -119,8 +119,8 @@ class CacheManager:
             self.store.release(("prompt", owner))
 
     def pin_owner(self, owner: Hashable) -> None:
-        """Never evict the prompts of this owner's calls until `release(owner)` (or, with several
-        searches in flight, until `drop_prompt_pins`)."""
+        """Never evict the prompts of this owner's calls until `release(owner)` (or, on an engine
+        that searches share, until a call that cannot fit otherwise drops the pins)."""
         self._prompt_pins.add(owner)
         self._prompt_owners.add(owner)
         self.store.pin_owner(("prompt", owner))

@@ -87,9 +87,9 @@ def admit(sched: Any, left: int) -> None:
 def hold_alone(sched: Any, g: GenRow, p: Row) -> bool:
     """The first row to admit did not fit, and no admitted row holds K/V: before its call fails,
     let go of what planning pinned for this step (the shared runs it stored, which no row holds
-    yet: they may be evicted and recomputed) and, with several searches in flight, their pinned
-    prompts (`Engine.loosen_pins`), then, with sharing on, try the row without its cached prefix
-    (bare: too little room for that context and its buffer)."""
+    yet: they may be evicted and recomputed) and, on an engine that searches share, the root
+    prompts' pins (`Engine.loosen_pins`), then, with sharing on, try the row without its cached
+    prefix (bare: too little room for that context and its buffer)."""
     cache = sched.engine.cache
     cache.end_call(g.stats)
     if sched.memory.hold(g, p):

@@ -164,7 +164,7 @@ def _score_group(sched: Any, items: list[ScoreRow]) -> bool:
                 return _score_group(sched, part)
             if sched.rows_held():
                 return False  # waits for running rows to finish
-            if eng.loosen_pins():  # other searches' pinned prompts held the room: evictable now
+            if eng.loosen_pins():  # the root prompts' pins held the room: evictable now
                 for p in part:
                     p.row.must_store = False
                 return _score_group(sched, part)
