@@ -131,12 +131,18 @@ def test_check_budget_names_the_least_budget_and_counts_it_in_the_rows_stats():
     cm.check_budget([], extra=100)  # no rows: nothing to check
 
 
-def test_dropped_prompt_pins_leave_the_prompts_held_evictable_until_the_owner_is_released():
+def with_pinned_prompt() -> CacheManager:
+    """A manager (budget 1000) whose owner "root" has its prompt [1..5] (2 blocks) pinned."""
     cm, _ = make(budget=1000)
     cm.pin_owner("root")
     end = cm.store_kv([1, 2, 3, 4, 5], 0, kvt([1, 2, 3, 4, 5], 0))
     cm.pin_prompts([end], ["root"])
     cm.end_call()
+    return cm
+
+
+def test_dropped_prompt_pins_leave_the_prompts_held_evictable_until_the_owner_is_released():
+    cm = with_pinned_prompt()
     assert cm.store.pinned_bytes() == 2 * BLOCK and cm.prompt_pinned("root")
     assert cm.drop_prompt_pins() and not cm.drop_prompt_pins()  # none left the second time
     assert cm.store.pinned_bytes() == 0 and not cm.prompt_pinned("root")
@@ -147,11 +153,7 @@ def test_dropped_prompt_pins_leave_the_prompts_held_evictable_until_the_owner_is
 
 
 def test_check_budget_adds_what_pinned_prompts_keep_to_every_rows_need():
-    cm, _ = make(budget=1000)
-    cm.pin_owner("root")
-    end = cm.store_kv([1, 2, 3, 4, 5], 0, kvt([1, 2, 3, 4, 5], 0))
-    cm.pin_prompts([end], ["root"])
-    cm.end_call()
+    cm = with_pinned_prompt()
     r = Row(ids=[7, 7, 7], stats=Stats())
     cm.lookup([r])
     cm.check_budget([r], extra=2)
