@@ -32,12 +32,13 @@ from treesearch.backends.protocol import FEATURES, Generation, Score
 from treesearch.cache.kvstore import Chain, KVStore
 from treesearch.cache.manager import CacheManager, Handle, Row
 from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.common.errors import CacheBudgetError, ContextTooLongError, ProblemDefinitionError
+from treesearch.common.errors import ContextTooLongError, ProblemDefinitionError
 from treesearch.common.seeds import stable_seed
 from treesearch.common.stats import Stats, distinct, per_row
 from treesearch.engine.forward import Forward
 from treesearch.engine.labels import first_tokens_differ, label_sequences
 from treesearch.engine.ledger import SearchLedger
+from treesearch.engine.pins import check_call_budget
 from treesearch.engine.running import Call, GenRow, ScoreRow
 from treesearch.engine.scheduler import Scheduler, rule_key, seeded
 from treesearch.engine.scoring import score_batch
@@ -252,24 +253,8 @@ class Engine:
                 )
         if self.config.shares:
             self.cache.lookup(rows)
-        fail = not self.scheduler.rows_held()
-        try:
-            self.cache.check_budget(rows, extra, fail=fail)
-        except CacheBudgetError:
-            if not self.loosen_pins():
-                raise
-            for r in rows:
-                r.must_store = False
-            self.cache.check_budget(rows, extra, fail=fail)
+        check_call_budget(self, rows, extra)
         return rows
-
-    def loosen_pins(self) -> bool:
-        """On an engine that searches share, the live searches' pinned root prompts count against
-        the budget, and a kept cache can split a root prompt over a template's blocks and its own,
-        so a call that fits alone could fail there: before it fails, every prompt is unpinned
-        (evictable, recomputed on demand: lossless). True if any was pinned. A search alone keeps
-        its pin (its least budget includes it)."""
-        return self.searches.shared() and self.cache.drop_prompt_pins()
 
     def plan_rows(self, rows: list[Row]) -> None:
         """Plan rows admitted together: cached prefixes, shared runs (computed once), ASKS."""

@@ -22,6 +22,7 @@ import torch
 
 from treesearch.cache.manager import Row
 from treesearch.common.errors import CacheBudgetError
+from treesearch.engine.pins import loosen_pins
 from treesearch.engine.running import Cohort, GenRow
 
 
@@ -88,13 +89,13 @@ def hold_alone(sched: Any, g: GenRow, p: Row) -> bool:
     """The first row to admit did not fit, and no admitted row holds K/V: before its call fails,
     let go of what planning pinned for this step (the shared runs it stored, which no row holds
     yet: they may be evicted and recomputed) and, on an engine that searches share, the root
-    prompts' pins (`Engine.loosen_pins`), then, with sharing on, try the row without its cached
+    prompts' pins (`treesearch.engine.pins`), then, with sharing on, try the row without its cached
     prefix (bare: too little room for that context and its buffer)."""
     cache = sched.engine.cache
     cache.end_call(g.stats)
     if sched.memory.hold(g, p):
         return True
-    if sched.engine.loosen_pins() and sched.memory.hold(g, p):
+    if loosen_pins(sched.engine) and sched.memory.hold(g, p):
         return True
     if not sched.engine.config.shares or p.bare:
         return False

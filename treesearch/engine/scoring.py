@@ -13,6 +13,7 @@ from treesearch.cache.manager import CacheManager, Row, bare_copy
 from treesearch.common.errors import CacheBudgetError
 from treesearch.common.stats import Stats
 from treesearch.engine.labels import label_tails
+from treesearch.engine.pins import loosen_pins
 from treesearch.engine.running import ScoreRow
 from treesearch.policies.cgee import RowExits
 
@@ -164,7 +165,7 @@ def _score_group(sched: Any, items: list[ScoreRow]) -> bool:
                 return _score_group(sched, part)
             if sched.rows_held():
                 return False  # waits for running rows to finish
-            if eng.loosen_pins():  # the root prompts' pins held the room: evictable now
+            if loosen_pins(eng):  # the root prompts' pins held the room: evictable now
                 for p in part:
                     p.row.must_store = False
                 return _score_group(sched, part)

@@ -1,0 +1,31 @@
+"""The root prompts' pins on an engine that searches share (`solve_many`, `treesearch run`, a Ray
+worker): each live search pins its root prompt, and a kept cache can split a root prompt over a
+template's blocks and one of its own, so there a call can need more than its search alone. Before
+such a call fails, the pins go: the prompts stay held, evictable and recomputed on demand
+(lossless). A search alone on its own engine keeps its pin, as its least budget says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treesearch.cache.manager import Row
+from treesearch.common.errors import CacheBudgetError
+
+
+def loosen_pins(engine: Any) -> bool:
+    """On a shared engine, unpin every root prompt; True if any was pinned."""
+    return bool(engine.searches.shared() and engine.cache.drop_prompt_pins())
+
+
+def check_call_budget(engine: Any, rows: list[Row], extra: int) -> None:
+    """`CacheManager.check_budget` of a call at submission (failing only while no admitted row
+    holds K/V that could free), once more after `loosen_pins` before it fails."""
+    fail = not engine.scheduler.rows_held()
+    try:
+        engine.cache.check_budget(rows, extra, fail=fail)
+    except CacheBudgetError:
+        if not loosen_pins(engine):
+            raise
+        for r in rows:
+            r.must_store = False  # no prompt is pinned any more
+        engine.cache.check_budget(rows, extra, fail=fail)
