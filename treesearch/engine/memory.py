@@ -10,6 +10,7 @@ import torch
 
 from treesearch.cache.manager import Handle, Row
 from treesearch.common.errors import CacheBudgetError
+from treesearch.engine.pins import must_store
 from treesearch.engine.running import GenRow
 
 
@@ -131,7 +132,9 @@ class RowMemory:
         """Cache a generate row's new prompt K/V (a pinned owner's must stay cached; the rest only
         where it displaces nothing owned); returns where the prompt ends."""
         try:
-            end = self.cache.store_kv(r.ids, r.matched, kv, free_only=not r.must_store, charge=r.stats)
+            end = self.cache.store_kv(
+                r.ids, r.matched, kv, free_only=not must_store(self.cache, r, owner), charge=r.stats
+            )
         except CacheBudgetError:  # no room beside the running rows: kept as tokens, recomputed if needed
             end = self.cache.store_kv(r.ids, r.matched, kv, free_only=True, charge=r.stats)
         self.cache.count_prompt(end, r.search)

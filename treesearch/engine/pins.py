@@ -17,6 +17,12 @@ def loosen_pins(engine: Any) -> bool:
     return bool(engine.searches.shared() and engine.cache.drop_prompt_pins())
 
 
+def must_store(cache: Any, row: Row, owner: Any) -> bool:
+    """Whether the row's prompt must stay cached now: it had to when the call was made, and its
+    owner's prompt is still pinned (rows queued before `loosen_pins` keep the flag they had)."""
+    return row.must_store and cache.prompt_pinned(owner)
+
+
 def check_call_budget(engine: Any, rows: list[Row], extra: int) -> None:
     """`CacheManager.check_budget` of a call at submission (failing only while no admitted row
     holds K/V that could free), once more after `loosen_pins` before it fails."""

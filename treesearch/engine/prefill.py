@@ -22,7 +22,7 @@ import torch
 
 from treesearch.cache.manager import Row
 from treesearch.common.errors import CacheBudgetError
-from treesearch.engine.pins import loosen_pins
+from treesearch.engine.pins import loosen_pins, must_store
 from treesearch.engine.running import Cohort, GenRow
 
 
@@ -50,11 +50,11 @@ def admit(sched: Any, left: int) -> None:
         est += len(g.context) - (1 if g.gens else 0) - g.row.matched  # uncached when it was submitted
         picked.append(g)
     plans = []
+    cache = eng.cache
     for g in picked:
         ids = g.row.ids + g.gens[:-1]  # a resumed row computes its fed tokens again
-        plans.append(
-            Row(ids=ids, stats=g.stats, search=g.row.search, must_store=g.row.must_store and not g.gens)
-        )
+        keep = must_store(cache, g.row, g.owner) and not g.gens
+        plans.append(Row(ids=ids, stats=g.stats, search=g.row.search, must_store=keep))
         plans[-1].bare = g.row.bare
     no_room: CacheBudgetError | None = None
     try:

@@ -13,7 +13,7 @@ from treesearch.cache.manager import CacheManager, Row, bare_copy
 from treesearch.common.errors import CacheBudgetError
 from treesearch.common.stats import Stats
 from treesearch.engine.labels import label_tails
-from treesearch.engine.pins import loosen_pins
+from treesearch.engine.pins import loosen_pins, must_store
 from treesearch.engine.running import ScoreRow
 from treesearch.policies.cgee import RowExits
 
@@ -147,6 +147,8 @@ def _score_group(sched: Any, items: list[ScoreRow]) -> bool:
     if rule is not None and len({id(it.call) for it in items}) > 1:
         rule = rule.fresh()  # an equivalent rule with no memory of any row (see `Engine.score`)
     rows = [it.row for it in items]
+    for it in items:  # its owner's prompt may have been unpinned since (`treesearch.engine.pins`)
+        it.row.must_store = must_store(eng.cache, it.row, it.owner)
     if eng.config.shares:
         eng.cache.lookup(rows)
     for idx in plan_batches(eng.cache, rows, 0, sched.max_rows):
@@ -166,8 +168,6 @@ def _score_group(sched: Any, items: list[ScoreRow]) -> bool:
             if sched.rows_held():
                 return False  # waits for running rows to finish
             if loosen_pins(eng):  # the root prompts' pins held the room: evictable now
-                for p in part:
-                    p.row.must_store = False
                 return _score_group(sched, part)
             sched.fail_call(part[0].call, exc)
             return False
