@@ -167,8 +167,8 @@ class Scheduler:
         """The calls of these searches (ids of their Stats) stop: their rows are dropped and their
         threads raise SearchCancelled."""
         with self.door:
-            for call in self._calls():
-                if any(id(it.stats) in stats for it in self._items(call)):
+            for call in list(self._live.values()):
+                if not call.done and any(id(st) in stats for st in call.charge):
                     call.cancelled = why
                     self._drop(call)
                     self._wake(call)
@@ -332,18 +332,6 @@ class Scheduler:
             if not call.done:
                 self.fail_call(call, exc)
         self.engine.cache.end_call()
-
-    def _calls(self) -> list[Call]:
-        items: list[Any]
-        seen: dict[int, Call] = {}
-        items = [*self.running, *self.filling, *self.gen_wait, *self.score_wait]
-        for it in items:
-            seen.setdefault(id(it.call), it.call)
-        return list(seen.values())
-
-    def _items(self, call: Call) -> list[Any]:
-        items: list[Any] = [*self.running, *self.filling, *self.gen_wait, *self.score_wait]
-        return [it for it in items if it.call is call]
 
 
 def check_rows(sched: Scheduler) -> None:
