@@ -5,6 +5,7 @@ tiny-model search whose live KV marks survive export."""
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 
 import matplotlib
@@ -20,7 +21,7 @@ from viz_trees import big_tree, marked_tree, words_search  # noqa: E402
 from treesearch.core.tree import ThoughtTree  # noqa: E402
 from treesearch.viz import keep_set, kv_map, layout, node_marks, structure  # noqa: E402
 from treesearch.viz.marks import ScoreScale, colour_at, short_score  # noqa: E402
-from treesearch.viz.svg import GOLD  # noqa: E402
+from treesearch.viz.svg import GOLD, legend_svg  # noqa: E402
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -357,3 +358,119 @@ def test_live_kv_marks_survive_export(words, tmp_path):
     }
     assert str(back.kv_map()) == str(tree.kv_map())
     assert back.to_svg().count('class="node ') == len(tree) == words.tree.to_svg().count('class="node ')
+
+
+# -- thoughts written on the nodes, and the legend of what occurs ------------------------------------------
+def cards(svg: str) -> dict[int, list[str]]:
+    """node id -> the lines of its thought card (the <tspan>s of its <text class="thought">)."""
+    out = {}
+    for g in groups(parse(svg), "node"):
+        texts = [t for t in g.iter(SVG + "text") if t.get("class") == "thought"]
+        out[int(g.get("data-id"))] = [s.text for t in texts for s in t.iter(SVG + "tspan")]
+    return out
+
+
+def test_each_thought_is_written_on_its_node_in_wrapped_lines():
+    t = marked_tree()
+    t.node(4)["thought"] = "(3 * 7) * (14 + 1) = 315 (left: 315 14)"
+    t.node(5)["thought"] = "x" * 30
+    assert cards(t.to_svg()) == {
+        0: ["input: x"],  # the root: the search's input
+        1: ["one"],
+        2: ["two"],
+        3: ["three"],
+        4: ["(3 * 7) * (14 + 1) =", "315 (left: 315 14)"],  # 22 characters a line, at spaces
+        5: ["x" * 22, "x" * 8],  # a long word is broken
+        6: ["six"],
+    }
+    t.node(6)["thought"] = " ".join(f"w{i:02d}" for i in range(60))  # 239 characters: cut at 8 lines
+    lines = cards(t.to_svg())[6]
+    assert len(lines) == 8 and lines[:2] == ["w00 w01 w02 w03 w04", "w05 w06 w07 w08 w09"]
+    assert lines[-1] == "w35 w36 w37 w38 w39…"  # lines 9 to 12 are cut; the hover text holds them
+
+
+def test_exact_svg_of_a_two_node_tree():
+    t = ThoughtTree()
+    t.meta["input"] = "4 5 6 10"
+    t.add_root("4 5 6 10")
+    t.set_status(0, "expanded")
+    c = t.add_child(0, "4 + 5 = 9 (left: 6 9 10)", "6 9 10")
+    t.node(c)["score"] = 1.0
+    svg = re.sub(r"ts\d+-ev", "tsN-ev", t.to_svg())
+    mono = "DejaVu Sans Mono, Menlo, Consolas, monospace"
+    assert svg == (
+        '<svg xmlns="http://www.w3.org/2000/svg" class="treesearch-tree" width="190" height="208" '
+        'viewBox="0 0 190 208" font-family="Helvetica, Arial, sans-serif" font-size="11" data-nodes="2" '
+        'data-shown="2" data-folded="0" role="img" aria-label="thought tree with 2 nodes">'
+        '<defs><pattern id="tsN-ev" width="4" height="4" patternUnits="userSpaceOnUse">'
+        '<path d="M0,4 L4,0" stroke="#d62728" stroke-width="1"/></pattern></defs>'
+        '<g class="edges" fill="none">'
+        '<path d="M95.0,74.0 C95.0,100.0 95.0,100.0 95.0,126.0" stroke="#9a9a9a" stroke-width="1.2"/></g>'
+        '<g class="node status-expanded" data-id="0" data-status="expanded" opacity="1.0"><title>'
+        "#0 · depth 0 · expanded\nthought: (root)\nstate: 4 5 6 10\nscore: not evaluated</title>"
+        '<rect x="73.0" y="26.0" width="44" height="22" rx="5" fill="#d9d9d9" stroke="#333333" '
+        'stroke-width="1"/><text x="95.0" y="41.0" text-anchor="middle" fill="#111111">–</text>'
+        '<rect class="thought-card" x="25.0" y="56.0" width="140" height="18" rx="3" fill="#ffffff" '
+        f'stroke="#c8c8c8" stroke-width="0.8"/><text class="thought" font-family="{mono}" font-size="10" '
+        'fill="#1a1a1a"><tspan x="30.0" y="69.0">input: 4 5 6 10</tspan></text></g>'
+        '<g class="node status-frontier" data-id="1" data-status="frontier" opacity="1.0"><title>'
+        "#1 · depth 1 · frontier\nthought: 4 + 5 = 9 (left: 6 9 10)\nstate: 6 9 10\nscore: 1</title>"
+        '<rect x="73.0" y="126.0" width="44" height="22" rx="5" fill="#26828e" stroke="#2563eb" '
+        'stroke-width="1" stroke-dasharray="3 2"/>'
+        '<text x="95.0" y="141.0" text-anchor="middle" fill="#ffffff">1.0</text>'
+        '<rect class="thought-card" x="25.0" y="156.0" width="140" height="30" rx="3" fill="#ffffff" '
+        f'stroke="#c8c8c8" stroke-width="0.8"/><text class="thought" font-family="{mono}" font-size="10" '
+        'fill="#1a1a1a"><tspan x="30.0" y="169.0">4 + 5 = 9 (left: 6 9</tspan>'
+        '<tspan x="30.0" y="181.0">10)</tspan></text></g></svg>'
+    )
+
+
+def legend_marks(tree, **kw) -> list[str]:
+    """The legend's entries, by the class of the text that names each."""
+    root = parse(legend_svg(tree, **kw))
+    return [t.get("class")[5:] for t in root.iter(SVG + "text") if (t.get("class") or "").startswith("mark-")]
+
+
+def test_the_legend_lists_only_the_marks_the_drawing_shows():
+    t = marked_tree()
+    assert legend_marks(t) == ["score", "solution", "pruned", "frontier", "kv", "evicted", "cgee", "asks"]
+    cgee = [x.text for x in parse(legend_svg(t)).iter(SVG + "text") if x.get("fill") == "#2563eb"]
+    assert cgee == ["skip L12"]
+    # folded to 4 nodes: 2 (skip) and 5 (evicted) are hidden, a fold marker appears
+    assert legend_marks(t, max_nodes=4) == ["score", "solution", "frontier", "kv", "cgee", "asks", "folded"]
+    assert [
+        x.text for x in parse(legend_svg(t, max_nodes=4)).iter(SVG + "text") if x.get("fill") == "#2563eb"
+    ] == ["L12"]
+    plain = ThoughtTree()
+    plain.add_root("r")
+    plain.set_status(0, "expanded")
+    for s in (1.0, 2.0):
+        plain.node(plain.add_child(0, f"t{s}", s))["score"] = s
+    assert legend_marks(plain) == ["score", "frontier"]
+    text = legend_svg(plain)
+    for absent in ("evicted", "CGEE", "ASKS", "folded", "KV shared", "solution", "pruned"):
+        assert absent not in text
+    assert legend_marks(ThoughtTree()) == []
+
+
+def test_large_drawings_keep_compact_boxes_and_say_how_to_see_the_thoughts():
+    t = big_tree(500)
+    assert 'class="thought"' not in t.to_svg()  # 150 nodes drawn: compact
+    assert "pass max_nodes=100 or labels=True" in t._repr_html_()
+    assert len(cards(t.to_svg(max_nodes=100))) == 100
+    assert all(lines for lines in cards(t.to_svg(max_nodes=100)).values())
+    assert sum(bool(v) for v in cards(t.to_svg(labels=True)).values()) == 150
+    assert cards(marked_tree().to_svg(labels=False)) == {n: [] for n in range(7)}
+    assert "hover a node for its state, score and marks" in marked_tree()._repr_html_()
+
+
+def test_plot_writes_wrapped_thoughts_under_the_boxes():
+    t = marked_tree()
+    t.node(4)["thought"] = "(3 * 7) * (14 + 1) = 315 (left: 315 14)"
+    ax = t.plot()
+    texts = [x.get_text() for x in ax.texts]
+    assert "(3 * 7) * (14 + 1)\n= 315 (left: 315\n14)" in texts  # 18 characters a line
+    assert {"one", "two", "three", "five", "six"} <= set(texts)
+    import matplotlib.pyplot as plt
+
+    plt.close("all")

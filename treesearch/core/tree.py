@@ -234,18 +234,25 @@ class ThoughtTree:
 
         return tree_html(self)
 
-    def to_svg(self, max_nodes: int | None = 150) -> str:
+    def to_svg(self, max_nodes: int | None = 150, labels: bool | None = None) -> str:
         """The tree as one SVG element; trees over max_nodes fold their least telling nodes into +k
-        markers."""
+        markers. labels: write each node's thought on it (None: when at most 100 nodes are drawn)."""
         from treesearch.viz import render_svg
 
-        return render_svg(self, max_nodes)
+        return render_svg(self, max_nodes, labels)
 
-    def to_html(self, path: str | Path, *, title: str | None = None, max_nodes: int | None = 150) -> Path:
+    def to_html(
+        self,
+        path: str | Path,
+        *,
+        title: str | None = None,
+        max_nodes: int | None = 150,
+        labels: bool | None = None,
+    ) -> Path:
         """Write a standalone HTML page (no script, nothing fetched) and return its path."""
         from treesearch.viz import write_html
 
-        return write_html(self, path, title, max_nodes)
+        return write_html(self, path, title, max_nodes, labels)
 
     def plot(self, ax: Any = None, **kwargs: Any) -> Any:
         """Draw the tree with matplotlib on ax (a new figure when None); returns the axes."""

@@ -21,6 +21,7 @@ Where the marks come from (all plain node/edge attributes, so a saved tree shows
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,7 @@ class NodeMarks:
     visits: int = 0
     mean_value: float | None = None
     title: str = ""
+    label: str = ""  # the text drawn on the node: its thought (the root: the search's input)
 
     @property
     def kv_own(self) -> int:
@@ -254,6 +256,7 @@ def node_marks(graph: Any, meta: dict | None = None, st: Structure | None = None
             m.kv_tokens = sum(u for _, u in chain)
             m.kv_shared = sum(u for s, u in chain if len(users.get(s, ())) > 1)
         m.title = hover_text(n, d, m)
+        m.label = node_label(d, m, meta)
         out[n] = m
     return out
 
@@ -288,6 +291,25 @@ def hover_text(n: int, d: dict, m: NodeMarks, width: int = 300) -> str:
     if m.asks_from:
         lines.append("ASKS: attached to the K/V of " + ", ".join(f"#{a}" for a in m.asks_from))
     return "\n".join(lines)
+
+
+def node_label(d: dict, m: NodeMarks, meta: dict | None = None) -> str:
+    """What the node says, drawn on it: its thought; for a root without one, the search's input
+    (tree.meta["input"]) or else its state."""
+    thought = str(d.get("thought") or "")
+    if thought or m.depth:
+        return thought
+    given = (meta or {}).get("input")
+    return f"input: {given if given not in (None, '') else d.get('state')}"
+
+
+def wrap_label(text: str, width: int, max_lines: int) -> list[str]:
+    """`text` in lines of at most `width` characters (long words broken), at most `max_lines` of
+    them; a cut text ends in "…"."""
+    lines = textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False)
+    if len(lines) <= max_lines:
+        return lines
+    return lines[: max_lines - 1] + [lines[max_lines - 1][: width - 1] + "…"]
 
 
 def cgee_text(mark: str) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from treesearch.viz.layout import DEFAULT_MAX_NODES
-from treesearch.viz.svg import legend_svg, render_svg
+from treesearch.viz.svg import LABEL_NODES, legend_svg, render_svg
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
@@ -26,25 +26,36 @@ def header_text(tree: Any, shown: int | None = None) -> str:
     return "ThoughtTree · " + " · ".join(parts)
 
 
-def tree_html(tree: Any, max_nodes: int | None = DEFAULT_MAX_NODES, max_height: int = 640) -> str:
+def tree_html(
+    tree: Any, max_nodes: int | None = DEFAULT_MAX_NODES, max_height: int = 640, labels: bool | None = None
+) -> str:
     """An HTML fragment: header, legend and the SVG in a scrolling box (Jupyter's inline view)."""
     if not len(tree.graph):
         return "<div><em>ThoughtTree (empty)</em></div>"
-    svg = render_svg(tree, max_nodes)
+    svg = render_svg(tree, max_nodes, labels)
     shown = _attr_int(svg, "data-shown")
+    written = 'class="thought"' in svg
+    note = (
+        "hover a node for its state, score and marks"
+        if written
+        else f"hover a node for its thought, state and marks (thoughts are written on drawings of up to "
+        f"{LABEL_NODES} nodes: pass max_nodes={LABEL_NODES} or labels=True)"
+    )
     return (
         f'<div class="treesearch" style="font-family:Helvetica,Arial,sans-serif;font-size:12px">'
         f'<div style="margin:2px 0">{escape(header_text(tree, shown))}</div>'
-        f"<div>{legend_svg(tree)}</div>"
+        f"<div>{legend_svg(tree, max_nodes)}</div>"
         f'<div style="overflow:auto;max-height:{max_height}px;border:1px solid #e4e4e4">{svg}</div>'
-        f'<div style="color:#666;margin-top:2px">hover a node for its thought, state and marks</div></div>'
+        f'<div style="color:#666;margin-top:2px">{escape(note)}</div></div>'
     )
 
 
-def page_html(tree: Any, title: str | None = None, max_nodes: int | None = DEFAULT_MAX_NODES) -> str:
+def page_html(
+    tree: Any, title: str | None = None, max_nodes: int | None = DEFAULT_MAX_NODES, labels: bool | None = None
+) -> str:
     """A standalone HTML page with the tree view and a text listing of the tree."""
     title = title or header_text(tree)
-    body = tree_html(tree, max_nodes, max_height=100_000) if len(tree.graph) else "<p>(empty tree)</p>"
+    body = tree_html(tree, max_nodes, 100_000, labels) if len(tree.graph) else "<p>(empty tree)</p>"
     listing = escape(tree.text_view(max_nodes=400, width=140)) if len(tree.graph) else ""
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -58,12 +69,16 @@ def page_html(tree: Any, title: str | None = None, max_nodes: int | None = DEFAU
 
 
 def write_html(
-    tree: Any, path: str | Path, title: str | None = None, max_nodes: int | None = DEFAULT_MAX_NODES
+    tree: Any,
+    path: str | Path,
+    title: str | None = None,
+    max_nodes: int | None = DEFAULT_MAX_NODES,
+    labels: bool | None = None,
 ) -> Path:
     """Write `page_html` to path (atomically) and return the path."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(page_html(tree, title, max_nodes), encoding="utf-8")
+    tmp.write_text(page_html(tree, title, max_nodes, labels), encoding="utf-8")
     tmp.replace(path)
     return path
 

@@ -2,7 +2,9 @@
 
 Boxes are coloured by score (viridis, with a colour bar), solution nodes have gold borders and
 the solution path gold edges, pruned nodes are faded, ASKS arcs dashed purple, fold markers "+k".
-Small trees (up to `label_nodes` drawn nodes) also get each node's thought, cut short, beside it.
+Small trees (up to `label_nodes` drawn nodes) also get each node's thought written under its box,
+wrapped at `label_chars` characters a line (at most `label_lines` lines; a longer one ends in "…"),
+with the columns and rows spaced to fit.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from treesearch.viz.layout import DEFAULT_MAX_NODES
-from treesearch.viz.marks import VIRIDIS, score_scale, short_score
+from treesearch.viz.marks import VIRIDIS, score_scale, short_score, wrap_label
 from treesearch.viz.svg import GOLD, PURPLE, border, tree_view
 
 
@@ -20,6 +22,8 @@ def plot_tree(
     *,
     max_nodes: int | None = DEFAULT_MAX_NODES,
     label_nodes: int = 40,
+    label_chars: int = 18,
+    label_lines: int = 5,
     title: str | None = None,
 ) -> Any:
     """Draw the tree on `ax` (a new figure sized to the tree when None); returns the axes."""
@@ -28,9 +32,11 @@ def plot_tree(
     from matplotlib.patches import FancyBboxPatch
 
     st, marks, lay = tree_view(tree, max_nodes)
-    if ax is None:
-        w = min(max(6.0, 0.55 * max(lay.columns, 1) + 1.5), 40.0)
-        h = min(max(3.0, 1.1 * max(lay.rows, 1) + 0.8), 20.0)
+    labelled = len(lay.x) <= label_nodes
+    if ax is None:  # inches per column and row: room for a label_chars-wide label of 6 pt text
+        col, row = (0.075 * label_chars + 0.15, 1.3 + 0.11 * label_lines) if labelled else (0.55, 1.1)
+        w = min(max(6.0, col * max(lay.columns, 1) + 1.5), 60.0)
+        h = min(max(3.0, row * max(lay.rows, 1) + 0.8), 30.0)
         _, ax = plt.subplots(figsize=(w, h))
     scale = score_scale(tree.graph)
     cmap = LinearSegmentedColormap.from_list("treesearch_viridis", list(VIRIDIS))
@@ -93,16 +99,19 @@ def plot_tree(
             alpha=alpha,
             color="white" if m.dark else "black",
         )
-        if len(pos) <= label_nodes:
+        if labelled:
             thought = str(tree.graph.nodes[n].get("thought") or "")
             if thought:
                 ax.text(
                     x,
-                    y - 0.24,
-                    _short(thought),
+                    y - 0.22,
+                    "\n".join(wrap_label(thought, label_chars, label_lines)),
                     ha="center",
                     va="top",
                     fontsize=6,
+                    family="monospace",
+                    linespacing=1.1,
+                    bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="#d0d0d0", lw=0.5),  # over the edges
                     color="#333333",
                     alpha=alpha,
                     zorder=3,
@@ -129,13 +138,8 @@ def plot_tree(
     sm = plt.cm.ScalarMappable(norm=norm, cmap=cmap)
     ax.figure.colorbar(sm, ax=ax, fraction=0.025, pad=0.01, label="score")
     ax.set_xlim(-0.7, max(lay.columns, 1) - 0.3)
-    ax.set_ylim(-(max(lay.rows, 1) - 1) - 0.6, 0.5)
+    ax.set_ylim(-(max(lay.rows, 1) - 1) - (0.9 if labelled else 0.6), 0.5)
     ax.set_axis_off()
     shown = f" ({len(lay.x)} shown)" if len(lay.x) < len(tree.graph) else ""
     ax.set_title(title or f"{len(tree.graph)} nodes{shown}", fontsize=9)
     return ax
-
-
-def _short(text: str, width: int = 16) -> str:
-    text = text.replace("\n", " ")
-    return text if len(text) <= width else text[: width - 1] + "…"
