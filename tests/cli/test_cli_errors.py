@@ -15,9 +15,14 @@ from treesearch.models import load as runtime
 from treesearch.tasks import TASKS
 
 MODEL_HELP = (
-    "is not a folder or a known model; pass a Hugging Face model folder, the id of a model in the local "
-    "Hugging Face cache (nothing is downloaded), 'tiny', a model that `treesearch models install` installs "
-    "(qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), or no model for the default SmolLM2-135M-Instruct"
+    "is not a folder or a known model; pass a Hugging Face model folder, a Hub id such as "
+    "Qwen/Qwen2.5-0.5B-Instruct (downloaded once into the Hugging Face cache), 'tiny', a model that "
+    "`treesearch models install` installs (qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), or no model for the "
+    "default SmolLM2-135M-Instruct"
+)
+OFFLINE_HELP = (
+    "is not in the local Hugging Face cache and downloads are off (HF_HUB_OFFLINE=1 or --offline); run "
+    "once without them to download it, or pass a model folder"
 )
 PUZZLE_FORM = 'a Game of 24 puzzle is four whole numbers such as "4 5 6 10"'
 
@@ -37,8 +42,8 @@ ERRORS = [
         f"--model /nonexistent/path {MODEL_HELP}",
     ),
     (
-        ["solve", "game24", "4 5 6 10", "--model", "nobody/no-such-model"],
-        f"--model nobody/no-such-model {MODEL_HELP}",
+        ["solve", "game24", "4 5 6 10", "--model", "nobody/no-such-model", "--offline"],
+        f"--model nobody/no-such-model {OFFLINE_HELP}",
     ),
     (["solve", "game24", "1 2 3"], f"bad game24 input: {PUZZLE_FORM}, got '1 2 3'"),
     (["solve", "game24", "a b c d"], f"bad game24 input: {PUZZLE_FORM}, got 'a b c d'"),
@@ -121,6 +126,7 @@ def test_a_bad_argument_is_one_line_exit_2_before_the_model_loads(
     argv, message, loads, capsys, tmp_path, monkeypatch
 ):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # --offline sets it to 1: restored after the test
     assert cli.main(argv) == 2
     out, err = capsys.readouterr()
     assert (out, err) == ("", f"treesearch: error: {message}\n")

@@ -13,7 +13,7 @@ The checks are small functions over plain values or an argparse namespace, so ev
     strategy = search_strategy(args)           # unknown --strategy, settings the strategy refuses
     problem = strategy_problem(strategy, problem)  # --strategy cot: the task's chain-of-thought view
     sampling = search_sampling(args, problem)  # the task's sampling with --temperature / --top-p / --seed
-    check_model_flags(args)                    # --model (folder, cached id, 'tiny', default), --dtype
+    check_model_flags(args)                    # --model (folder, Hub id, 'tiny', default), --dtype
 
 Nothing here imports torch or transformers.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -112,10 +113,15 @@ def task_names() -> list[str]:
 
 
 def task_problem(task: str) -> Problem:
-    """The registered task's Problem with its default settings (`task` by its long or short name)."""
+    """The registered task's Problem with its default settings (`task` by its long or short name), or
+    the user's class that `MODULE:CLASS` names, built as a task is (`treesearch.cli.user_problem`)."""
     from treesearch.tasks import TASKS
     from treesearch.tasks.names import TASK_NAMES, task_name
 
+    if ":" in task:
+        from treesearch.cli.user_problem import user_problem
+
+        return user_problem(task)
     task = task_name(task)
     if task not in TASKS and task in TASK_NAMES:
         raise UsageError(f"task {task} has no search Problem; solve and run take {', '.join(task_names())}")
@@ -214,18 +220,23 @@ def search_config(args: argparse.Namespace) -> RKSCConfig:
 
 
 def check_model_flags(args: argparse.Namespace) -> None:
-    """--model names a model that can load here (see `runtime.check_model`); --dtype is known."""
+    """--model names a model that can load here (see `runtime.check_model`); --dtype is known. A Hub
+    id whose weights are not cached yet is said on stderr, in one line, before they download."""
     from treesearch.models.load import DTYPE_NAMES, check_model
 
     dtype = getattr(args, "dtype", None)
     if dtype is not None and dtype not in DTYPE_NAMES:
         raise UsageError(f"--dtype {dtype}: use float32, bfloat16 or float16")
     try:
-        check_model(args.model)
+        downloads = check_model(args.model)
     except ModelNotFoundError as exc:
         raise UsageError(f"--model {one_line(exc)}") from None
     except ModelNotInstalledError as exc:
         raise UsageError(one_line(exc)) from None
+    if downloads:
+        from treesearch.models.hub import download_line
+
+        print(f"treesearch: {download_line(args.model)}", file=sys.stderr)
 
 
 def check_resume_file(path: str) -> None:

@@ -11,13 +11,36 @@ from treesearch.cli.checks import strategy_names
 from treesearch.tasks.names import aliases_of, task_name
 
 MODEL_HELP = (
-    "HF model folder or cached id (default: embedded SmolLM2-135M-Instruct; 'tiny' for a random test model)"
+    "HF model folder or Hub id such as Qwen/Qwen2.5-0.5B-Instruct, downloaded once into the Hugging Face "
+    "cache (default: embedded SmolLM2-135M-Instruct; 'tiny' for a random test model)"
 )
 
 
+class OfflineAction(argparse.Action):
+    """--offline: sets HF_HUB_OFFLINE=1 for the process as the flag is read, before anything loads."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)  # type: ignore[arg-type]
+
+    def __call__(
+        self, parser: object, namespace: argparse.Namespace, values: object, option_string=None
+    ) -> None:
+        from treesearch.models.hub import set_offline
+
+        setattr(namespace, self.dest, True)
+        set_offline()
+
+
 def add_model_flag(p: argparse.ArgumentParser, model_help: str = MODEL_HELP) -> None:
-    """--model: the model a command loads (a folder, a cached id, 'tiny'; none: the default model)."""
+    """--model: the model a command loads (a folder, a Hub id, 'tiny'; none: the default model), and
+    --offline: Hub ids from the local cache only."""
     p.add_argument("--model", default=None, help=model_help)
+    p.add_argument(
+        "--offline",
+        action=OfflineAction,
+        help="download nothing: a Hub id must be in the local Hugging Face cache already (the same as "
+        "HF_HUB_OFFLINE=1)",
+    )
 
 
 def add_model_flags(p: argparse.ArgumentParser, model_help: str = MODEL_HELP) -> None:
@@ -63,7 +86,12 @@ def task_choice(names: list[str] | tuple[str, ...]) -> str:
 
 def add_task_argument(p: argparse.ArgumentParser, names: list[str]) -> None:
     """The positional TASK of solve and run: a long or short task name (the command checks it)."""
-    p.add_argument("task", type=task_name, help=f"task name: {task_choice(names)}")
+    p.add_argument(
+        "task",
+        type=task_name,
+        help=f"task name: {task_choice(names)}; or your own treesearch.Problem subclass as MODULE:CLASS "
+        "(e.g. my_module:MyProblem, imported from the current directory)",
+    )
 
 
 def add_task_flag(p: argparse.ArgumentParser, names: tuple[str, ...], default: str | None, help: str) -> None:

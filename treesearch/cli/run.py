@@ -4,6 +4,7 @@ one JSON line per input in `--out` as each finishes (`treesearch.runs.results_fi
     treesearch run game24 --range 900:1000 --concurrency 16 --out results.jsonl
     treesearch run game24 --range 900:1000 --out results.jsonl --resume     # after Ctrl-C or a crash
     treesearch run game24 --range 900:1000 --workers 4 --ray-address auto    # over Ray workers
+    treesearch run my_module:MyProblem --inputs inputs.txt                   # your own Problem class
 
 Every argument is checked before the model loads (as for solve). At the end it prints the
 accuracy with a 95% interval, inputs per hour and the token totals (`--json PATH` writes them).
@@ -28,7 +29,12 @@ def add_run_parser(sub: Any) -> None:
     from treesearch.cli.checks import task_names
     from treesearch.cli.flags import add_json_flag, add_search_flags, add_task_argument
 
-    run = sub.add_parser("run", help="run a test set: many searches at once, one JSON line per input")
+    run = sub.add_parser(
+        "run",
+        help="run a test set: many searches at once, one JSON line per input",
+        description="Run a test set: a built-in task's rows (--range), or the lines of --inputs FILE, for a "
+        "task or for your own Problem class as MODULE:CLASS (its inputs from --inputs FILE).",
+    )
     add_task_argument(run, task_names())
     run.add_argument(
         "--range",
@@ -99,6 +105,10 @@ def run_items(args: argparse.Namespace) -> list[tuple[int, Any]]:
     """(index, input) pairs of the run: file lines numbered from 0, or the task's rows."""
     from treesearch.runs.results_file import file_inputs, task_rows
 
+    if args.inputs is None and ":" in args.task:
+        raise UsageError(
+            f"{args.task} has no test set of its own; give its inputs with --inputs FILE (one a line)"
+        )
     if args.inputs is not None:
         if not Path(args.inputs).is_file():
             raise UsageError(
@@ -173,7 +183,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_workers(args)
     check_backend_flags(args)
     items = run_items(args)
-    out_path = args.out or f"{args.task}-{items[0][0]}-{items[-1][0] + 1}.jsonl"
+    stem = args.task.replace(":", ".")  # my_module:MyProblem -> my_module.MyProblem-0-2.jsonl
+    out_path = args.out or f"{stem}-{items[0][0]}-{items[-1][0] + 1}.jsonl"
     from treesearch.runs.results_file import ResultsFile, plural
 
     with ResultsFile(out_path, resume=args.resume) as out:  # a refusal: one line, from main
@@ -236,9 +247,15 @@ def _run_on_workers(args: argparse.Namespace, plan: Any, items: list, out: Any) 
     from treesearch.runs.results_file import run_inputs
     from treesearch.tasks import TASKS
 
+    if ":" in args.task:  # the workers import the user's module by name: it must be importable there
+        from treesearch.cli.user_problem import problem_class
+
+        factory: Any = problem_class(args.task)
+    else:
+        factory = TASKS[args.task]
     try:
         run = DistributedRun(
-            TASKS[args.task],
+            factory,
             workers=args.workers,
             strategy=plan.strategy,
             config=plan.config,

