@@ -6,7 +6,7 @@ default (21.8 minutes measured with one CPU thread on a busy 2-core machine); --
 The table itself comes from `treesearch.bench.claims` (pure), with the shipped CGEE and ASKS
 calibrations of the default model.
 
-    treesearch bench claims --threads 1 --json docs/claims-small.json
+    treesearch bench claims --threads 1 --json docs/benchmarks/data/claims-smollm2-135m.json
     treesearch bench claims --model qwen2.5-coder-0.5b --threads 1   # every row on that model
 """
 
