@@ -153,7 +153,10 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.saved:
         return _rebuild(args)
+    from treesearch.common.provenance import record
+
     runs = plan(args)
+    recorded = record()
     t0 = time.perf_counter()
     docs: dict = {"models": {}}
     for key, bench_argv in runs:
@@ -178,6 +181,7 @@ def main(argv: list[str]) -> int:
         "wall_min": wall,
         "command": "treesearch bench claims " + " ".join(argv),
         "machine": machine(),
+        "recorded": recorded,
     }
     return _write(args, table, meta, docs)
 
