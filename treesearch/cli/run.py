@@ -168,7 +168,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from treesearch.cli.backend import check_backend_flags
     from treesearch.cli.checks import check_run
     from treesearch.cli.model_loading import torch_threads
-
     from treesearch.common.provenance import record
 
     recorded = record()  # the load average before the run adds its own
