@@ -29,12 +29,14 @@ def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
     from treesearch.cli.bench import build_parser as bench_parser
     from treesearch.cli.bench_commands import SUBCOMMANDS, build_subparser
     from treesearch.cli.calibrate import build_parser as calibrate_parser
+    from treesearch.cli.main import HANDED_OVER
     from treesearch.cli.main import build_parser as main_parser
     from treesearch.cli.models import build_parser as models_parser
 
     out: list[tuple[str, argparse.ArgumentParser]] = []
     for name, sub in _subparsers(main_parser()).items():
-        out.append((f"treesearch {name}", sub))
+        if name not in HANDED_OVER:  # bench, calibrate, models: their own parsers, below
+            out.append((f"treesearch {name}", sub))
     out.append(("treesearch bench", bench_parser()))
     out += [(f"treesearch bench {name}", build_subparser(name)) for name in SUBCOMMANDS]
     out.append(("treesearch calibrate", calibrate_parser()))
@@ -69,13 +71,17 @@ def cli_page() -> str:
             lines += [_cell(parser.description), ""]
         lines += ["```text", parser.format_usage().strip(), "```", ""]
         rows = []
+        formatter = parser._get_formatter()  # the --help text of each flag, its default included
         for action in parser._actions:
             if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
                 continue
             name = ", ".join(f"`{o}`" for o in action.option_strings) or f"`{action.dest}`"
             if action.option_strings and action.nargs != 0:
-                name += f" `{action.metavar or action.dest.upper()}`"
-            help_text = (action.help or "") % {"default": action.default} if action.help else ""
+                shown = action.metavar or (
+                    "{" + ",".join(map(str, action.choices)) + "}" if action.choices else action.dest.upper()
+                )
+                name += f" `{shown}`"
+            help_text = formatter._expand_help(action) if action.help else ""
             rows.append(f"| {name} | {_cell(help_text)} |")
         if rows:
             lines += ["| argument | what it does |", "|---|---|", *rows, ""]
