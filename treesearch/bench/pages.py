@@ -38,7 +38,7 @@ def caption(doc: dict, source: str) -> str:
     commit = f"commit `{rec['commit']}`" if rec.get("commit") else "commit not recorded"
     cpu = m.get("cpu") or "CPU not recorded"
     cores = f"{m['cpus']} cores" if m.get("cpus") else "cores not recorded"
-    threads = f", {m['torch_threads']} torch threads" if m.get("torch_threads") else ""
+    threads = f", torch threads {m['torch_threads']}" if m.get("torch_threads") else ""
     gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
     load = f", load average {rec['load']:.1f} at the start" if rec.get("load") is not None else ""
     command = f"`{doc['command']}`" if doc.get("command") else "command not recorded"
@@ -46,7 +46,7 @@ def caption(doc: dict, source: str) -> str:
 
 
 def _same(v: Any) -> str:
-    return "—" if v is None else ("yes" if v else "**no**")
+    return "(reference)" if v is None else ("yes" if v else "**no**")
 
 
 def _runs_table(doc: dict, runs: list[dict], *, budgets: bool) -> list[str]:
@@ -56,7 +56,7 @@ def _runs_table(doc: dict, runs: list[dict], *, budgets: bool) -> list[str]:
         "wall s | inputs per hour | x sequential | rows per decode step | peak K/V MiB | "
         "recomputed tokens | preemptions | same decisions |"
     )
-    lines = [head, "|" + "---|" * head.count(" | ")]
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in runs:
         name = r["name"]
         e = doc["modes"].get(name, {})
@@ -282,7 +282,7 @@ def load(data: Path, prefix: str) -> list[tuple[str, dict]]:
     return [(p.name, json.loads(p.read_text())) for p in sorted(data.glob(f"{prefix}*.json"))]
 
 
-NO_DATA = "No run recorded yet: `{command}` writes it (docs/development/measuring.md)."
+NO_DATA = "No run recorded yet: `{command}` writes it ([Measuring](../development/measuring.md))."
 
 
 def _section(
