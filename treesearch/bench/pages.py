@@ -98,6 +98,30 @@ def throughput(doc: dict) -> list[str]:
     return lines
 
 
+def plot_throughput(doc: dict, path: Path) -> None:
+    """Inputs per hour and rows per decode step against searches in flight, one line per mode."""
+    fig, plt = _figure(1, 2, (10, 4))
+    a1, a2 = fig.axes
+    lines: dict[str, list[dict]] = {}
+    for r in doc.get("runs") or []:
+        if r["budget_percent"] is None:
+            lines.setdefault(r["mode"], []).append(r)
+    for mode, rs in lines.items():
+        rs.sort(key=lambda r: r["concurrency"])
+        xs = [r["concurrency"] for r in rs]
+        a1.plot(xs, [r["inputs_per_hour"] or 0.0 for r in rs], "-o", label=mode)
+        a2.plot(xs, [r["rows_per_step"] or 0.0 for r in rs], "-o", label=mode)
+    levels = sorted({r["concurrency"] for rs in lines.values() for r in rs})
+    for ax, title in ((a1, "inputs per hour"), (a2, "rows per decode step")):
+        ax.set_xlabel("searches in flight")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.minorticks_off()
+        ax.set_title(f"{title} vs searches in flight")
+        ax.legend(fontsize=7)
+    _save(fig, plt, path)
+
+
 def budget(doc: dict) -> list[str]:
     """The budget sweep: each budget and eviction order against the unbounded run."""
     runs = [r for r in doc.get("runs") or [] if r["concurrency"] > 1 or r["budget_percent"] is not None]
@@ -320,6 +344,10 @@ def page(name: str, data: Path, calibrations_dir: Path) -> Page:
             "--json docs/benchmarks/data/throughput-game24.json",
             _bench_title,
         )
+        for fname, doc in files:
+            png = f"{Path(fname).stem}.png"
+            plots[png] = partial(plot_throughput, doc)
+            lines += ["", f"![Inputs per hour and rows per step against searches in flight](plots/{png})"]
     elif name == "budget":
         files = load(data, "budget-")
         lines = _section(
