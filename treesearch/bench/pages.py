@@ -60,7 +60,7 @@ def _runs_table(doc: dict, runs: list[dict], *, budgets: bool) -> list[str]:
     for r in runs:
         name = r["name"]
         e = doc["modes"].get(name, {})
-        budget = "none" if r["budget_percent"] is None else f"{r['budget_percent']}%"
+        budget = "none" if r["budget_percent"] is None else f"{r['budget_percent']:g}%"
         cells = [name, _f(r["concurrency"])]
         if budgets:
             cells += [budget, r["eviction"] or "—"]
@@ -68,7 +68,7 @@ def _runs_table(doc: dict, runs: list[dict], *, budgets: bool) -> list[str]:
         cells += [
             _f(r["wall_s"], "{:.1f}"),
             _f(r.get("inputs_per_hour"), "{:.0f}"),
-            "1.00x" if r["concurrency"] == 1 and not budgets else _f(x_seq, "{:.2f}x"),
+            "1.00x" if r["concurrency"] == 1 and r["budget_percent"] is None else _f(x_seq, "{:.2f}x"),
             _f(r.get("rows_per_step")),
             _f((e.get("peak_kv_bytes") or 0) / MIB, "{:.1f}"),
             _f(r.get("recomputed_tokens")),
@@ -123,9 +123,28 @@ def plot_throughput(doc: dict, path: Path) -> None:
 
 
 def budget(doc: dict) -> list[str]:
-    """The budget sweep: each budget and eviction order against the unbounded run."""
-    runs = [r for r in doc.get("runs") or [] if r["concurrency"] > 1 or r["budget_percent"] is not None]
-    return _runs_table(doc, runs, budgets=True)
+    """The budget sweep: each budget and eviction order against the unbounded run at its concurrency."""
+    runs = doc.get("runs") or []
+    lines = _runs_table(doc, runs, budgets=True)
+    unbounded = {
+        (r["mode"], r["concurrency"]): r["inputs_per_hour"] for r in runs if r["budget_percent"] is None
+    }
+    lines += [
+        "",
+        "| run | budget MiB | throughput vs unbounded | recomputed tokens | preemptions |",
+        "|---|---|---|---|---|",
+    ]
+    for r in runs:
+        if r["budget_percent"] is None:
+            continue
+        base = unbounded.get((r["mode"], r["concurrency"]))
+        vs = r["inputs_per_hour"] / base if base and r["inputs_per_hour"] else None
+        raised = " (raised to the least budget)" if r.get("budget_raised") else ""
+        lines.append(
+            f"| {r['name']} | {_f((r['budget_bytes'] or 0) / MIB, '{:.1f}')}{raised} | {_f(vs, '{:.2f}x')} | "
+            f"{_f(r.get('recomputed_tokens'))} | {_f(r.get('preemptions'))} |"
+        )
+    return lines
 
 
 def plot_budget(doc: dict, path: Path) -> None:

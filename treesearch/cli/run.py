@@ -217,13 +217,16 @@ def run_report(args: argparse.Namespace, summary: Any, recorded: dict) -> dict:
     from treesearch.models.load import DEFAULT_MODEL_NAME
 
     argv = getattr(args, "argv", None)
+    where = machine()
+    if getattr(args, "threads", None):  # the run's threads (restored to torch's own by now)
+        where["torch_threads"] = args.threads
     return {
         **summary.to_dict(),
         "task": args.task,
         "strategy": args.strategy,
         "model": args.model or DEFAULT_MODEL_NAME,
         "command": "treesearch " + shlex.join(argv) if argv is not None else None,
-        "machine": machine(),
+        "machine": where,
         "recorded": recorded,
     }
 
