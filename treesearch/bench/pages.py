@@ -246,6 +246,7 @@ def plot_accuracy(docs: list[tuple[str, dict]], path: Path) -> None:
     ax.errorbar(acc, ys, xerr=err, fmt="o", capsize=4)
     ax.set_yticks(ys, labels, fontsize=8)
     ax.set_xlim(0, 1)
+    ax.set_ylim(-0.5, len(docs) - 0.5)
     ax.set_xlabel("accuracy (95% Wilson interval)")
     _save(fig, plt, path)
 
