@@ -12,6 +12,7 @@ Pure: JSON in, Markdown out; plots go through matplotlib's Agg backend into PNG 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -159,8 +160,8 @@ def plot_budget(doc: dict, path: Path) -> None:
 def decode_step(doc: dict) -> list[str]:
     """`examples/measure_kv.py decode`'s rows: step time per batch size and context."""
     meta, rows = doc["lines"][0], doc["lines"][1:]
-    batches = sorted({int(k[len("fast_B") : -3]) for r in rows for k in r if k.startswith("fast_B")})
     path = "fast" if meta.get("fast_path") else "layers"
+    batches = sorted({int(m[1]) for r in rows for k in r if (m := re.fullmatch(rf"{path}_B(\d+)_ms", k))})
     bcols = " | ".join(f"{path} B = {b} ms" for b in batches)
     lines = [
         f"| context tokens | {bcols} | layers B = {batches[0]} ms | HF `generate` B = 1 ms | "
@@ -198,11 +199,7 @@ def plot_decode_step(doc: dict, path: Path) -> None:
     ax = fig.axes[0]
     for r in rows:
         for kind, style in (("fast", "-o"), ("layers", "--s")):
-            pts = sorted(
-                (int(k[len(kind) + 2 : -3]), v)
-                for k, v in r.items()
-                if k.startswith(f"{kind}_B") and k.endswith("_ms")
-            )
+            pts = sorted((int(m[1]), v) for k, v in r.items() if (m := re.fullmatch(rf"{kind}_B(\d+)_ms", k)))
             if pts:
                 ax.plot(*zip(*pts), style, label=f"{kind}, {r['context']} tokens")
         ax.axhline(r["limit_ms"], color="grey", lw=0.8, ls=":")
