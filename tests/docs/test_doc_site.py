@@ -18,6 +18,7 @@ from browser import CHROMIUM, chromium, why_no_chromium
 from doc_blocks import ROOT
 
 PAGES = {"index.html": "treesearch", "benchmarks/budget/index.html": "The budget curve"}
+SOURCES = {"index.html": "docs/index.md", "benchmarks/budget/index.html": "docs/benchmarks/budget.md"}
 PROBE = (
     "<script>addEventListener('load', () => { document.documentElement.dataset.images = "
     "[...document.images].map(i => (i.complete && i.naturalWidth > 0 ? 'y' : 'n')).join(''); });</script>"
@@ -78,6 +79,9 @@ def test_the_page_renders_in_chromium_with_navigation_and_images(site, page):
     html = site / page
     text = html.read_text()
     wanted = text.count("<img ")
+    assert wanted == (ROOT / SOURCES[page]).read_text().count("!["), (
+        f"{page}: an image of the page was not built"
+    )
     html.write_text(text.replace("</body>", PROBE + "</body>"))
     dom = chromium(html, size="1440,900", extra=("--virtual-time-budget=10000",))
     assert re.search(rf"<h1[^>]*>{re.escape(PAGES[page])}", dom), f"{page}: no heading {PAGES[page]!r}"
