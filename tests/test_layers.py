@@ -1,6 +1,6 @@
-"""The architecture's arrows, checked on the source (docs/architecture.md): every project import points
-down the package layers, no two modules import each other in a circle, no private name crosses a
-module, files and classes stay small, and `import treesearch` loads neither torch nor strategies."""
+"""The architecture's arrows, checked on the source (docs/development/architecture.md): every project
+import points down the package layers, no two modules import each other in a circle, no private name
+crosses a module, files and classes stay small, and `import treesearch` loads neither torch nor strategies."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # Lower number = lower layer. A module may import from its own package or from a package of a lower
-# layer, never from one of the same or a higher layer. Keep this table and docs/architecture.md together.
+# layer, never from one of the same or a higher layer. Keep this table and docs/development/architecture.md
+# together.
 LAYERS: dict[str, int] = {
     "common": 0,  # errors, config, counters, seeds, atomic files, intervals
     "viz": 1,  # views of a tree: plain data in, SVG/HTML/PNG out
@@ -103,7 +104,7 @@ def _graph() -> nx.DiGraph:
 
 def test_every_package_has_a_layer():
     missing = sorted({_package(_name(p)) for p in _modules()} - set(LAYERS) - TOP - {None})
-    assert missing == [], f"add these packages to LAYERS (and docs/architecture.md): {missing}"
+    assert missing == [], f"add these packages to LAYERS (and docs/development/architecture.md): {missing}"
 
 
 def test_the_top_level_holds_few_entries():

@@ -136,3 +136,21 @@ def test_make_test_makes_the_f32_gguf_and_the_f32_bench_needs_it(tmp_path):
     assert f32.index("scripts/gguf-f32") < f32.index("scripts/bench-llama-server f32")
     q4 = make_n("bench-llama-server", venv, f"LLAMA_CONVERT_DIR={conv}")
     assert "scripts/gguf-f32" not in q4 and "scripts/bench-llama-server q4_1" in q4
+
+
+def test_make_test_installs_the_docs_extra_and_builds_the_site_strictly_before_pytest(tmp_path):
+    venv = f"VENV={tmp_path / 'venv'}"
+    text = make_n(
+        "test", venv, f"LLAMA_SERVER_DIR={tmp_path / 'ls'}", f"LLAMA_CONVERT_DIR={tmp_path / 'conv'}"
+    )
+    py = f"{tmp_path / 'venv'}/bin/python"
+    assert f"{py} -m pip install -q -e '.[test,docs]'" in text
+    build = f"{py} -m mkdocs build --strict --quiet --site-dir site"
+    assert build in text and text.index(build) < text.index(f"{py} -m pytest -q")
+
+
+def test_make_docs_installs_the_docs_extra_and_builds_the_site(tmp_path):
+    py = f"{tmp_path / 'venv'}/bin/python"
+    text = make_n("docs", f"VENV={tmp_path / 'venv'}")
+    assert f"{py} -m pip install -q -e '.[docs]'" in text
+    assert f"{py} -m mkdocs build --strict --site-dir site" in text

@@ -1,6 +1,6 @@
 """treesearch: Tree-of-Thoughts search with local language models, sharing KV between branches.
 
-Architecture (arrows point down; see docs/architecture.md in the repository):
+Architecture (arrows point down; see docs/development/architecture.md in the repository):
     Problem (user) + strategy (strategies/)  ->  Searcher  ->  ThoughtTree (networkx)
     Searcher -> Engine (the only code that runs the model) -> KVStore (segments, prefix index)
     Engine -> shared-prefix attention (treesearch.cache.attention) inside a transformers causal LM.

@@ -14,59 +14,23 @@ system package, that nothing tried.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import tempfile
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from browser import CHROMIUM, chromium, why_no_chromium
 from viz_trees import big_tree, marked_tree, words_search
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser")) if p), None)
-
-
-def why_no_chromium(tried: str | None) -> str:
-    """The skip message: what the install attempt of .ci/run gave, or that nothing tried."""
-    if tried:
-        return f"Chromium is not installed; .ci/run tried to install it: {tried}"
-    return (
-        "Chromium is not installed, and nothing tried to install it (plain `make test` installs no system "
-        "package; .ci/run does, or: apt-get install -y chromium)"
-    )
-
-
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason=why_no_chromium(os.environ.get("TREESEARCH_CHROMIUM_INSTALL"))
 )
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--hide-scrollbars",
-]
 
 
 def artifacts() -> Path:
     out = Path(os.environ.get("TREESEARCH_ARTIFACTS", ROOT / "build" / "browser"))
     out.mkdir(parents=True, exist_ok=True)
     return out
-
-
-def chromium(page: Path, *, screenshot: Path | None = None, size: str = "1200,800") -> str:
-    """Run headless Chromium on a local page; returns stdout (the DOM with --dump-dom)."""
-    with tempfile.TemporaryDirectory() as profile:
-        args = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", f"--window-size={size}"]
-        args += [f"--screenshot={screenshot}"] if screenshot else ["--dump-dom"]
-        proc = subprocess.run([*args, page.resolve().as_uri()], capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, f"chromium exited {proc.returncode}: {proc.stderr[-2000:]}"
-    return proc.stdout
 
 
 class Groups(HTMLParser):

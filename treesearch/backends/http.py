@@ -132,8 +132,7 @@ class ServerClient:
         hint = (
             "the server is failing: check its log"
             if status
-            else f"is a server running at {self.root}? Start one (README, 'Using a server') or fix the base "
-            "URL"
+            else f"is a server running at {self.root}? Start one (docs/guide/servers.md) or fix the base URL"
         )
         raise ServerError(
             f"{method} {url} failed after {self.retries + 1} attempts ({last}); {hint}",

@@ -274,6 +274,9 @@ def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: 
         from treesearch.cli.backend import server_from_args
 
         server = server_from_args(args)
+    from treesearch.common.provenance import record
+
+    recorded = record()  # the load average before the model loads and the run adds its own
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     bar = None
     if not args.no_progress:
@@ -309,6 +312,7 @@ def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: 
         "command": "treesearch bench " + shlex.join(args.argv),
         "fixed_length": args.fixed_length,
         "machine": machine(),
+        "recorded": recorded,
         "server": {"base_url": server.base_url, "model": server.model} if server else None,
     }
     doc = report.build(runs, meta)

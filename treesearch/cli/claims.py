@@ -6,7 +6,7 @@ default (21.8 minutes measured with one CPU thread on a busy 2-core machine); --
 The table itself comes from `treesearch.bench.claims` (pure), with the shipped CGEE and ASKS
 calibrations of the default model.
 
-    treesearch bench claims --threads 1 --json docs/claims-small.json
+    treesearch bench claims --threads 1 --json docs/benchmarks/data/claims-smollm2-135m.json
     treesearch bench claims --model qwen2.5-coder-0.5b --threads 1   # every row on that model
 """
 
@@ -153,7 +153,10 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.saved:
         return _rebuild(args)
+    from treesearch.common.provenance import record
+
     runs = plan(args)
+    recorded = record()
     t0 = time.perf_counter()
     docs: dict = {"models": {}}
     for key, bench_argv in runs:
@@ -178,6 +181,7 @@ def main(argv: list[str]) -> int:
         "wall_min": wall,
         "command": "treesearch bench claims " + " ".join(argv),
         "machine": machine(),
+        "recorded": recorded,
     }
     return _write(args, table, meta, docs)
 

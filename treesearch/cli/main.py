@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"treesearch: {argv[0]} interrupted", file=sys.stderr)
                     return 130
             args = build_parser().parse_args(argv)
+            args.argv = argv  # the command as given, for the reports that record it
             if args.command == "run":
                 from treesearch.cli.run import cmd_run
 

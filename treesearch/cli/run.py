@@ -178,7 +178,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from treesearch.cli.backend import check_backend_flags
     from treesearch.cli.checks import check_run
     from treesearch.cli.model_loading import torch_threads
+    from treesearch.common.provenance import record
 
+    recorded = record()  # the load average before the run adds its own
     plan = check_run(args)
     check_workers(args)
     check_backend_flags(args)
@@ -212,9 +214,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     print("\n".join(summary.lines()))
     print(f"wrote {out_path}")
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(summary.to_dict(), indent=1))
+        Path(args.json_path).write_text(json.dumps(run_report(args, summary, recorded), indent=1))
         print(f"wrote {args.json_path}")
     return 0
+
+
+def run_report(args: argparse.Namespace, summary: Any, recorded: dict) -> dict:
+    """The --json document: the summary, and what ran where (the command, task, strategy, model,
+    machine, date and commit) for the accuracy pages of the documentation."""
+    import shlex
+
+    from treesearch.cli.bench import machine
+    from treesearch.models.load import DEFAULT_MODEL_NAME
+
+    argv = getattr(args, "argv", None)
+    where = machine()
+    if getattr(args, "threads", None):  # the run's threads (restored to torch's own by now)
+        where["torch_threads"] = args.threads
+    return {
+        **summary.to_dict(),
+        "task": args.task,
+        "strategy": args.strategy,
+        "model": args.model or DEFAULT_MODEL_NAME,
+        "command": "treesearch " + shlex.join(argv) if argv is not None else None,
+        "machine": where,
+        "recorded": recorded,
+    }
 
 
 def _run_here(args: argparse.Namespace, plan: Any, items: list, out: Any) -> Any:

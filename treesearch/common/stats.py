@@ -1,4 +1,4 @@
-"""Counters of work done, reported as `SearchResult.stats` (see docs/architecture.md)."""
+"""Counters of work done, reported as `SearchResult.stats` (see docs/development/architecture.md)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ spins (busy-waits) up to GOMP_SPINCOUNT iterations before it sleeps; libgomp's o
 (OMP_WAIT_POLICY=PASSIVE) cures that (145 ms busy) but costs 2.1x on a quiet machine (119 ms), since
 every one of a decode step's hundreds of small parallel loops then wakes its threads from sleep.
 A bounded spin of SPIN_COUNT keeps most of both: 65 ms quiet, 241 ms busy (measured with
-`treesearch bench threads`; README "Threads"). libgomp reads the variables once, when torch loads
-it, so they must be in the environment before `import torch`: the command line and `load_model`
+`treesearch bench threads`; docs/guide/test-sets.md, Threads). libgomp reads the variables once, when
+torch loads it, so they must be in the environment before `import torch`: the command line and `load_model`
 set GOMP_SPINCOUNT then, unless the user set either variable (their choice is kept).
 """
 
