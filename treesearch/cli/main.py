@@ -79,7 +79,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
         try:
-            result = searcher.resume(args.resume) if args.resume else searcher.solve(args.input)
+            result = searcher.resume(args.resume, args.input) if args.resume else searcher.solve(args.input)
         except (TreeSearchError, KeyboardInterrupt) as exc:
             return _stopped(exc, args, plan.problem)
     print(result.tree.text_view(max_nodes=args.max_nodes, stop=False))  # the stop line comes below
