@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 from treesearch.backends.protocol import Backend
@@ -89,6 +90,36 @@ def mismatch(meta: dict[str, Any], mine: dict[str, Any]) -> tuple[str, Any, Any]
         if plain(same.get(saved, saved)) != plain(same.get(value, value)):
             return key, saved, value
     return None
+
+
+def saved_search(
+    saved: Any, problem: Problem, mine: dict[str, Any], x: Any = None
+) -> tuple[ThoughtTree, dict | None]:
+    """The tree of a saved search (a SearchResult, its tree, or a file `SearchResult.save` wrote)
+    and its stats, once its settings agree with `mine` (a file's before `problem` rebuilds its
+    states) and, when x is given, its input is x; ResumeError naming the first that differs."""
+    from treesearch.search.result import SearchResult
+
+    if isinstance(saved, (str, Path)):
+        from treesearch.search.persist import load_payload
+
+        meta = load_payload(saved)["tree"].get("graph")
+        check_resumable(meta if isinstance(meta, dict) else {}, mine)
+        saved = SearchResult.load(saved, problem)
+    prev = saved.stats if isinstance(saved, SearchResult) else None
+    tree = saved.tree if isinstance(saved, SearchResult) else saved
+    if not isinstance(tree, ThoughtTree) or not len(tree):
+        raise ResumeError(
+            f"resume needs a SearchResult, a ThoughtTree with a root or a saved file; got {saved!r:.60}"
+        )
+    check_resumable(tree.meta, mine)
+    if x is not None and not same_input(problem, x, tree):
+        raise ResumeError(
+            f"the saved search has input={tree.meta.get('input')!r} but this resume was given "
+            f"{str(x)!r}; resume without an input to continue the saved one, or solve({str(x)!r}) "
+            "for a new search"
+        )
+    return tree, prev
 
 
 def check_resumable(meta: dict[str, Any], mine: dict[str, Any]) -> None:

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from treesearch.backends.protocol import Backend, require_features
 from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.common.errors import ResumeError
 from treesearch.core.cot import problem_for
 from treesearch.core.problem import Problem, check_problem
 from treesearch.core.tree import ThoughtTree
@@ -29,14 +28,7 @@ from treesearch.search.expansion import expand_nodes, state_flags
 from treesearch.search.limits import within_context
 from treesearch.search.progress import progress_bar
 from treesearch.search.result import SearchResult
-from treesearch.search.resuming import (
-    check_resumable,
-    fresh_copy,
-    model_settings,
-    prime_tokens,
-    same_input,
-    search_settings,
-)
+from treesearch.search.resuming import fresh_copy, model_settings, prime_tokens, saved_search, search_settings
 from treesearch.search.stop import depth_limit, diagnose, stopped_by
 
 if TYPE_CHECKING:
@@ -137,25 +129,7 @@ class Searcher:
         CGEE (`settings()`), and, when `x` is given, the same input; ResumeError otherwise, naming
         both values. `stats` count the work of this call; earlier calls' stats are in
         tree.meta["previous_stats"]."""
-        if isinstance(saved, (str, Path)):
-            from treesearch.search.persist import load_payload
-
-            meta = load_payload(saved)["tree"].get("graph")  # checked before this problem rebuilds states
-            check_resumable(meta if isinstance(meta, dict) else {}, self.settings())
-            saved = SearchResult.load(saved, self.problem)
-        prev = saved.stats if isinstance(saved, SearchResult) else None
-        tree = saved.tree if isinstance(saved, SearchResult) else saved
-        if not isinstance(tree, ThoughtTree) or not len(tree):
-            raise ResumeError(
-                f"resume needs a SearchResult, a ThoughtTree with a root or a saved file; got {saved!r:.60}"
-            )
-        check_resumable(tree.meta, self.settings())
-        if x is not None and not same_input(self.problem, x, tree):
-            raise ResumeError(
-                f"the saved search has input={tree.meta.get('input')!r} but this resume was given "
-                f"{str(x)!r}; resume without an input to continue the saved one, or solve({str(x)!r}) "
-                "for a new search"
-            )
+        tree, prev = saved_search(saved, self.problem, self.settings(), x)
         if tree.meta.get("input_type") == "str" and isinstance(tree.meta.get("input"), str):
             self.problem.check_input(tree.meta["input"])  # before any model work, like solve
         self.tree = fresh_copy(tree)
