@@ -5,7 +5,10 @@ cells that compare runs printing True."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -57,6 +60,28 @@ def tree_views(book) -> list[tuple[int, int]]:
         if m:
             views.append((int(m.group(1)), html.count('<g class="node ')))
     return views
+
+
+def written_names(path: Path) -> list[str]:
+    """The file names a notebook's code writes (string literals naming an output file)."""
+    book = json.loads(path.read_text(encoding="utf-8"))
+    code = "\n".join("".join(c["source"]) for c in book["cells"] if c["cell_type"] == "code")
+    return sorted(set(re.findall(r"[\"']([\w./-]+\.(?:html|json|png|graphml|svg))[\"']", code)))
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_files_a_notebook_writes_in_notebooks_are_ignored_by_git():
+    """Run in Jupyter from notebooks/, a notebook writes its pages and trees there: git ignores them."""
+    names = {p.name: written_names(p) for p in sorted(NOTEBOOKS.glob("*.ipynb"))}
+    assert names["01_quickstart.ipynb"] == ["quickstart_tree.html", "quickstart_tree.json"]
+    for name in [n for found in names.values() for n in found]:
+        out = subprocess.run(
+            ["git", "check-ignore", "--no-index", f"notebooks/{name}"],
+            cwd=NOTEBOOKS.parent,
+            capture_output=True,
+            text=True,
+        )
+        assert out.stdout.strip() == f"notebooks/{name}", name
 
 
 def test_saved_notebooks_show_no_progress_bar_warning():

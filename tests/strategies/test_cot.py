@@ -92,13 +92,14 @@ def test_sampled_cot_follows_the_seed(tiny_lm):
     [
         ("10 - 6 = 4 (left: 4 4 5)\nAnswer: (10 - 6) * 5 + 4 = 24", "(10 - 6) * 5 + 4 = 24", True),
         ("Answer: (10 - 4) * (6 - 5) * 4 = 24", "(10 - 4) * (6 - 5) * 4 = 24", False),  # 4 twice
-        ("Answer: 4 * (6 + 10 / 5) = 32\nAnswer: (10 - 6) * 5 + 4 = 24", "4 * (6 + 10 / 5) = 24", False),
-        ("  Answer: (10 - 6) * 5 + 4", "(10 - 6) * 5 + 4 = 24", True),
+        # the answer is the line as written, never rewritten to "= 24" (it was "4 * (6 + 10 / 5) = 24")
+        ("Answer: 4 * (6 + 10 / 5) = 32\nAnswer: (10 - 6) * 5 + 4 = 24", "4 * (6 + 10 / 5) = 32", False),
+        ("  Answer: (10 - 6) * 5 + 4", "(10 - 6) * 5 + 4", True),  # (it was "(10 - 6) * 5 + 4 = 24")
         ("no answer line at all", None, False),
         ("Answer: = 24", None, False),
     ],
 )
-def test_game24_cot_answer_is_the_expression_of_the_first_answer_line(text, answer, solved):
+def test_game24_cot_answer_is_the_first_answer_line_as_written(text, answer, solved):
     g = Game24()
     root = g.initial_state("4 5 6 10")
     state = g.parse_cot(root, text)

@@ -8,7 +8,7 @@ import pytest
 
 from treesearch.common.errors import ParseError
 from treesearch.tasks.arith import evaluate, parse_number
-from treesearch.tasks.game24 import Game24, apply_move, check_answer, load_puzzles
+from treesearch.tasks.game24 import Game24, Game24State, apply_move, check_answer, load_puzzles
 
 
 @pytest.mark.parametrize(
@@ -85,6 +85,22 @@ def test_parse_children_and_answer_step():
     assert g.answer(final) == "(10 - 6) * 5 + 4 = 24"
     wrong = g.parse_children(s, " 4 * 6 = 24\n")[0].state
     assert g.is_terminal(wrong) and not g.is_solved(wrong) and g.value(wrong) == 0.001
+
+
+def test_the_answer_is_the_answer_line_as_the_model_wrote_it():
+    """The answer shown and saved is the node's own line, never rewritten to "= 24"; the reason it is
+    not a solution says what the expression equals."""
+    g = Game24()
+    s = g.initial_state("1 3 7 14")
+    for line in ("3 * 7 = 21", "14 + 1 = 15", "21 * 15 = 315"):
+        s = g.parse_children(s, line)[0].state
+    kid = g.parse_children(s, " (3 * 7) * (14 + 1) = 34 (left: 34 14)\n")[0]
+    assert kid.thought == "Answer: (3 * 7) * (14 + 1) = 34 (left: 34 14)"
+    assert g.answer(kid.state) == "(3 * 7) * (14 + 1) = 34 (left: 34 14)"
+    assert g.rejection_reason(kid.state) == "equals 315, not 24" and not g.is_solved(kid.state)
+    assert g.state_from_json(g.state_to_json(kid.state)) == kid.state
+    hand = Game24State(puzzle=(4, 5, 6, 10), numbers=(Fraction(24),), answer="(10 - 6) * 5 + 4")
+    assert g.answer(hand) == "(10 - 6) * 5 + 4"  # no line written: the expression, nothing added
 
 
 def test_state_json_round_trip():

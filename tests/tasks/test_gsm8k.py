@@ -72,6 +72,19 @@ def test_a_stated_answer_ends_the_branch_and_solves_it_when_it_matches_the_gold(
     assert not p.is_solved(no_gold.state)  # nothing to compare with
 
 
+def test_the_answer_is_the_number_as_the_step_writes_it():
+    """The answer shown and saved is the number as the node's thought writes it ("1,000"); the
+    comparison with the reference uses its normalised form (1000)."""
+    p = GSM8K()
+    root = p.initial_state({"question": Q, "answer": "#### 1000"})
+    (done,) = p.parse_children(root, " So the answer is $1,000.\n")
+    assert done.thought == "So the answer is $1,000."
+    assert p.answer(done.state) == "1,000" and done.state.answer == "1000" and p.is_solved(done.state)
+    cot = p.parse_cot(root, " 4 * 250 = 1,000.00 dollars in all.")
+    assert p.answer(cot) == "1,000.00" and cot.answer == "1000" and p.is_solved(cot)
+    assert p.answer(GSM8KState(Q, answer="7")) == "7"  # no step writes it: the number itself
+
+
 def test_a_branch_ends_at_max_steps_and_blank_text_gives_no_child():
     p = GSM8K(max_steps=2)
     one = GSM8KState(Q, steps=("a",))

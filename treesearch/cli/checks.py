@@ -239,14 +239,72 @@ def check_model_flags(args: argparse.Namespace) -> None:
         print(f"treesearch: {download_line(args.model)}", file=sys.stderr)
 
 
-def check_resume_file(path: str) -> None:
-    """A --resume file exists and is a whole, unedited saved search."""
+def check_resume_file(path: str) -> dict:
+    """A --resume file exists and is a whole, unedited saved search; returns its "result" object."""
     from treesearch.search.persist import load_payload
 
     try:
-        load_payload(path)
+        return load_payload(path)
     except SaveFileError as exc:
         raise UsageError(f"--resume {one_line(exc)}") from None
+
+
+# what to change on the command line when a --resume file's setting differs from the command's
+RESUME_FIX = {
+    "problem": "TASK",
+    "input": "INPUT",
+    "seed": "--seed",
+    "strategy": "--strategy",
+    "strategy_config": "strategy flags (--breadth, --depth, --iterations, ...)",
+    "sampling": "--temperature and --top-p",
+    "kv_sharing": "--kv",
+    "asks_gate": "ASKS gate (RKSCConfig.asks_alpha and asks_tau)",
+    "cgee": "--cgee",
+    "cgee_thresholds": "CGEE thresholds (RKSCConfig)",
+    "model": "--model",
+    "dtype": "--dtype",
+}
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def cli_model_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The model settings (`treesearch.search.resuming.model_settings`) that --model and --dtype
+    will give, known before the model loads; none for a server (its model is named when it answers)."""
+    if getattr(args, "backend", "local") == "server":
+        return {}
+    from treesearch.models.load import DEFAULT_MODEL_NAME, TINY_NAME
+
+    name = {None: DEFAULT_MODEL_NAME, "tiny": TINY_NAME}.get(args.model, args.model)
+    dtype = args.dtype or "float32"
+    return {"model": name, "dtype": _DTYPES.get(dtype, dtype)}
+
+
+def check_resume(args: argparse.Namespace, plan: SolvePlan) -> None:
+    """--resume: a whole saved search of this task and input, made with the settings this command
+    gives (`Searcher.settings`); else one line naming the setting, both values and the flag."""
+    from treesearch.search.resuming import mismatch, plain, search_settings
+
+    result = check_resume_file(args.resume)
+    tree = result["tree"]
+    meta = tree.get("graph") if isinstance(tree.get("graph"), dict) else {}
+    problem = plan.problem
+    mine = search_settings(problem, plan.strategy, plan.sampling, args.seed, plan.config)
+    found = mismatch(meta, {"problem": mine.pop("problem")})
+    if found is None and meta.get("input") != args.input and tree.get("nodes"):
+        root = tree["nodes"][0].get("state") if isinstance(tree["nodes"][0], dict) else None
+        try:
+            same = plain(problem.state_to_json(problem.initial_state(args.input))) == root
+        except Exception:  # a state the task cannot save: only the text can say
+            same = False
+        found = None if same else ("input", meta.get("input"), args.input)
+    found = found or mismatch(meta, {**mine, **cli_model_settings(args)})
+    if found is not None:
+        key, saved, value = found
+        raise UsageError(
+            f"--resume {args.resume}: the saved search has {key} {saved!r} but this command has "
+            f"{value!r}; give the saved {RESUME_FIX.get(key.split('.')[0], key)} to continue it, or drop "
+            "--resume for a new search"
+        )
 
 
 @dataclass
@@ -268,10 +326,11 @@ def check_solve(args: argparse.Namespace) -> SolvePlan:
     problem = strategy_problem(strategy, problem)
     sampling = search_sampling(args, problem)
     config = search_config(args)
+    plan = SolvePlan(problem=problem, strategy=strategy, sampling=sampling, config=config)
     if args.resume is not None:
-        check_resume_file(args.resume)
+        check_resume(args, plan)
     check_model_flags(args)
-    return SolvePlan(problem=problem, strategy=strategy, sampling=sampling, config=config)
+    return plan
 
 
 def check_run(args: argparse.Namespace) -> SolvePlan:

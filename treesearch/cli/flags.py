@@ -8,11 +8,13 @@ import argparse
 from collections.abc import Callable
 
 from treesearch.cli.checks import strategy_names
+from treesearch.models.install import KNOWN
 from treesearch.tasks.names import aliases_of, task_name
 
 MODEL_HELP = (
-    "HF model folder or Hub id such as Qwen/Qwen2.5-0.5B-Instruct, downloaded once into the Hugging Face "
-    "cache (default: embedded SmolLM2-135M-Instruct; 'tiny' for a random test model)"
+    "HF model folder, a Hub id such as Qwen/Qwen2.5-0.5B-Instruct (downloaded once into the Hugging Face "
+    f"cache), a model that `treesearch models install` installs ({', '.join(KNOWN)}), or 'tiny' for a "
+    "random test model (default: embedded SmolLM2-135M-Instruct)"
 )
 
 
@@ -85,12 +87,17 @@ def task_choice(names: list[str] | tuple[str, ...]) -> str:
 
 
 def add_task_argument(p: argparse.ArgumentParser, names: list[str]) -> None:
-    """The positional TASK of solve and run: a long or short task name (the command checks it)."""
+    """The positional TASK of solve and run: a long or short task name (the command checks it). The
+    help names the tasks with a search Problem, and the shipped sets without one."""
+    from treesearch.tasks.names import TASK_NAMES
+
+    others = [n for n in TASK_NAMES if n not in names]
+    more = f" ({' and '.join(others)}: no search Problem, for bench and calibrate only)" if others else ""
     p.add_argument(
         "task",
         type=task_name,
-        help=f"task name: {task_choice(names)}; or your own treesearch.Problem subclass as MODULE:CLASS "
-        "(e.g. my_module:MyProblem, imported from the current directory)",
+        help=f"task name: {task_choice(names)}{more}; or your own treesearch.Problem subclass as "
+        "MODULE:CLASS (e.g. my_module:MyProblem, imported from the current directory)",
     )
 
 

@@ -26,6 +26,7 @@ from treesearch.cli.models import cmd_models
 from treesearch.cli.parser import ArgumentParser
 from treesearch.common.errors import TreeSearchError
 from treesearch.common.threads import bounded_openmp_wait
+from treesearch.search.duplicates import repeated_samples_note
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,7 +80,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
         try:
-            result = searcher.resume(args.resume) if args.resume else searcher.solve(args.input)
+            result = searcher.resume(args.resume, args.input) if args.resume else searcher.solve(args.input)
         except (TreeSearchError, KeyboardInterrupt) as exc:
             return _stopped(exc, args, plan.problem)
     print(result.tree.text_view(max_nodes=args.max_nodes, stop=False))  # the stop line comes below
@@ -87,6 +88,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
     print("\n".join(answer_lines(result)))
     if result.stop_reason is not None:  # why the search ended early, in one line
         print(result.stop_reason)
+    note = repeated_samples_note(result.tree, plan.sampling.temperature)
+    if note is not None:  # sampling gave no more branches than one sample would
+        print(note)
     print(stats_line(result.stats))
     if args.stats:
         print("all stats: " + ", ".join(f"{k}={_fmt(v)}" for k, v in result.stats.items()))

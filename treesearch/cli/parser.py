@@ -32,6 +32,24 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise usage_error(self.prog, message)
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """argparse's parse_args, whose "unrecognized arguments" error names the --help of the
+        subcommand they were given to (`treesearch run --help`), not the top command's."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            raise usage_error(chosen_prog(self, ns), f"unrecognized arguments: {' '.join(extras)}")
+        return ns
+
+
+def chosen_prog(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> str:
+    """The prog of the deepest subcommand `ns` chose ("treesearch run"), else the parser's own."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub = action.choices.get(str(getattr(ns, action.dest, None)))
+            if sub is not None:
+                return chosen_prog(sub, ns)
+    return parser.prog
+
 
 def usage_error(prog: str, message: str) -> UsageError:
     """A UsageError for an argparse message, pointing at the command's --help."""

@@ -46,7 +46,9 @@ class SaveFileError(TreeSearchError):
 
 
 class ResumeError(TreeSearchError):
-    """A saved search cannot be continued by this Searcher (other problem, seed or strategy)."""
+    """A saved search cannot be continued by this Searcher: another input, task, model, or a setting
+    that changes what the search finds (seed, strategy and its settings, sampling, KV sharing mode,
+    CGEE); the message names the setting and both values."""
 
 
 class UsageError(TreeSearchError):

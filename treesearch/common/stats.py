@@ -26,6 +26,9 @@ class Stats:
     least_budget_bytes: the largest minimum any call of the search had (the pinned prompts plus
     one row's context and batch buffer, as the cache stood); a smaller cache_budget stops the same
     search with CacheBudgetError, so it is where to start when choosing a budget.
+    merged_duplicates: children parsed from the generations whose state equals a sibling's
+    (`Problem.state_key`), merged into it: greedy samples of one node repeat each other, so with
+    samples_per_expand > 1 and temperature 0 they are all merged (node["merged"] counts them per node).
     label_floor_hits: labels scored by a server (`treesearch.backends.server`) whose first token was not in
     the server's top-k log-probabilities and got the floor probability instead.
     """
@@ -49,6 +52,7 @@ class Stats:
     recomputed_tokens: int = 0
     preemptions: int = 0
     label_floor_hits: int = 0
+    merged_duplicates: int = 0
     peak_kv_bytes: int = 0
     peak_store_bytes: int = 0
     least_budget_bytes: int = 0

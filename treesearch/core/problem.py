@@ -26,7 +26,6 @@ Contract (each method is called by the `Searcher`, never by strategies directly)
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any
 
 from treesearch.common.config import Sampling
 from treesearch.common.errors import ProblemDefinitionError
+from treesearch.core.state_json import NotJSON, decode, encode
 
 
 @dataclass
@@ -123,23 +123,25 @@ class Problem:
         return repr(state)
 
     def state_to_json(self, state: Any) -> Any:
-        """A JSON-able form of the state for saving the tree. The default returns the state as is
-        and raises ProblemDefinitionError for one JSON cannot hold (a set, a dataclass...): saving
-        its repr would load back as a string, changing the state's type behind the user's back.
-        Override it together with `state_from_json` for such states."""
+        """A JSON-able form of the state for saving the tree (`save`, resume). The default keeps
+        JSON's types as they are and writes tuples, sets, frozensets and dicts with non-str keys
+        as tagged objects ({"__tuple__": [...]}, `treesearch.core.state_json`), which the default
+        `state_from_json` reads back as what they were. A state of another type (a dataclass, a
+        custom class) raises ProblemDefinitionError: override this with `state_from_json`, so that
+        `state_from_json(state_to_json(s)) == s` (`SearchResult.save` checks it)."""
         try:
-            json.dumps(state, allow_nan=True)
-        except (TypeError, ValueError) as exc:
+            return encode(state)
+        except NotJSON as exc:
             cls = type(self).__name__
             raise ProblemDefinitionError(
                 f"{cls}: a state of type {type(state).__name__} cannot be saved as JSON ({exc}); define "
                 f"{cls}.state_to_json(state) returning JSON data (dict, list, str, numbers) and "
                 f"{cls}.state_from_json(data) rebuilding the state"
             ) from None
-        return state
 
     def state_from_json(self, data: Any) -> Any:
-        return data
+        """The state `state_to_json` saved as `data` (the default reads its tags back)."""
+        return decode(data)
 
 
 def check_problem(problem: Problem) -> None:

@@ -18,6 +18,7 @@ import importlib.util
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from treesearch.common.errors import ModelNotFoundError, ModelNotInstalledError
 from treesearch.common.threads import bounded_openmp_wait
 from treesearch.models import hub
 from treesearch.models import install as registry
+from treesearch.models.gguf_size import gguf_weights
 from treesearch.models.model import LanguageModel, resolve_dtype, wrap_model
 from treesearch.models.paths import cache_dir
 
@@ -247,17 +249,28 @@ def default_f32_gguf_path() -> Path:
     return cache_dir() / "models" / "gguf" / f"{DEFAULT_MODEL_NAME}-{size}.f32.gguf"
 
 
+def conversion_notice(gguf: Path, name: str, folder: Path) -> str:
+    """The line a first load prints before converting: once, roughly how long (about 5 M weights
+    a second, from a 0.5B model's 100 s on a laptop CPU), how much it writes (float32) and where."""
+    weights = gguf_weights(gguf)
+    seconds = max(10, round(weights / 5e6, -1))
+    return (
+        f"treesearch: converting {name} ({gguf.name}) to float32 once: roughly {seconds:.0f} s, writing "
+        f"{weights * 4 / 1e9:.1f} GB to {folder}; later loads read that folder in seconds"
+    )
+
+
 def _converted_folder(gguf: Path, name: str) -> Path:
     """Dequantise a GGUF file once into safetensors under cache_dir(); later loads take seconds.
     The folder is named for the model and the file's size, so a different file converts anew."""
     folder = cache_dir() / "models" / f"{name}-{gguf.stat().st_size}"
     if (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists():
         return folder
+    print(conversion_notice(gguf, name, folder), file=sys.stderr, flush=True)
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    log.info("converting %s to safetensors in %s (once)", gguf.name, folder)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")

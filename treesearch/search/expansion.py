@@ -29,7 +29,9 @@ def expand_nodes(
 ) -> list[list[int]]:
     """Generate `samples_per_expand` continuations per node (seeded per node and sample), parse
     them into children (siblings with equal `state_key` merged) and add them to the tree; returns
-    each node's child ids in creation order."""
+    each node's child ids in creation order. A node with merged children records how many
+    (node["merged"], also counted in stats.merged_duplicates), and node["samples_repeated"] when
+    it had several samples and every one after the first only repeated children already found."""
     p = problem
     k = max(1, int(p.samples_per_expand))
     prompts, seeds, who = [], [], []
@@ -42,13 +44,18 @@ def expand_nodes(
     gens = engine.generate(prompts, sampling, seeds=seeds, owners=who)
     parsed: list[tuple[int, Any, list[tuple[Child, float, bool, bool]]]] = []  # phase 1: the problem
     seen: dict[int, set] = {n: set() for n in nodes}
-    for n, gen in zip(who, gens):
+    merged = dict.fromkeys(nodes, 0)  # children merged into a sibling, per node
+    later = {n: [0, 0] for n in nodes}  # children parsed / kept from a node's samples after its first
+    for i, (n, gen) in enumerate(zip(who, gens)):
         kept = []
         offsets = None  # character range of each generated token, built once if a child has a span
         for c in check_children(p, p.parse_children(tree.node(n)["state"], gen.text)):
             key = p.state_key(c.state)
+            later[n][0] += i % k > 0
             if key in seen[n]:
+                merged[n] += 1
                 continue
+            later[n][1] += i % k > 0
             seen[n].add(key)
             if c.span is not None and offsets is None:
                 offsets = engine.token_offsets(gen)
@@ -74,4 +81,9 @@ def expand_nodes(
     for n in nodes:
         tree.set_status(n, "expanded")
         tree.node(n)["empty_expansion"] = not out[n]
+        if merged[n]:
+            tree.node(n)["merged"] = merged[n]
+            engine.stats.merged_duplicates += merged[n]
+            if later[n][0] and not later[n][1]:  # every later sample's children repeated earlier ones
+                tree.node(n)["samples_repeated"] = True
     return [out[n] for n in nodes]

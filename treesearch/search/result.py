@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from treesearch.common.errors import SaveFileError
+from treesearch.common.errors import ProblemDefinitionError, SaveFileError
 from treesearch.core.problem import Problem, check_text
+from treesearch.core.state_json import round_trip_error
 from treesearch.core.tree import ThoughtTree
 from treesearch.search.stop import StopReason
 
@@ -74,10 +75,22 @@ class SearchResult:
 
     def save(self, path: str | Path, problem: Problem | None = None) -> Path:
         """Write the result to path atomically, with a checksum; states go through the problem's
-        `state_to_json` (the problem that produced the result, unless another is given)."""
+        `state_to_json` (the problem that produced the result, unless another is given). Every
+        state must come back as itself, `state_from_json(state_to_json(s)) == s`, for a resume to
+        continue the search: one that does not raises ProblemDefinitionError naming it, and
+        nothing is written."""
         from treesearch.search.persist import save_payload
 
-        return save_payload(path, self.to_json(problem))
+        problem = problem or self.problem
+        data = self.to_json(problem)
+        if problem is not None:
+            for node in data["tree"]["nodes"]:
+                why = round_trip_error(
+                    problem, node["id"], self.tree.node(node["id"])["state"], node["state"]
+                )
+                if why is not None:
+                    raise ProblemDefinitionError(why)
+        return save_payload(path, data)
 
     @classmethod
     def load(cls, path: str | Path, problem: Problem | None = None) -> SearchResult:

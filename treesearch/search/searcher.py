@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from treesearch.backends.protocol import Backend, require_features
 from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.common.errors import ResumeError
 from treesearch.core.cot import problem_for
 from treesearch.core.problem import Problem, check_problem
 from treesearch.core.tree import ThoughtTree
@@ -29,7 +28,7 @@ from treesearch.search.expansion import expand_nodes, state_flags
 from treesearch.search.limits import within_context
 from treesearch.search.progress import progress_bar
 from treesearch.search.result import SearchResult
-from treesearch.search.resuming import check_resumable, describe, fresh_copy, prime_tokens, search_settings
+from treesearch.search.resuming import fresh_copy, model_settings, prime_tokens, saved_search, search_settings
 from treesearch.search.stop import depth_limit, diagnose, stopped_by
 
 if TYPE_CHECKING:
@@ -79,6 +78,7 @@ class Searcher:
         self.progress = progress
         self.keep_cache = keep_cache  # later solve() calls start with the last search's prompt K/V
         self.partial_result: SearchResult | None = None  # set when a search stops on an exception
+        self.model_settings = model_settings(model)  # recorded in the tree; a resume must match it
         self.backend: Backend | None = None if isinstance(model, LanguageModel) else model
         if self.backend is not None:
             if not isinstance(self.backend, Backend):
@@ -109,19 +109,15 @@ class Searcher:
         """`solve` of an input `Problem.check_input` has accepted (solve_many checks each itself)."""
         self.tree = ThoughtTree()
         self.tree.meta.update(
-            problem=self.problem.name,
             input=str(x),
             input_type=type(x).__name__,  # resume re-checks the saved input only when it was text
-            seed=self.seed,
-            strategy=type(self.strategy).__name__,
-            strategy_config=describe(self.strategy),
-            sampling=describe(self.sampling),
+            **self.settings(),
         )
         root = self.tree.node(self.tree.add_root(self.problem.initial_state(x)))
         root["terminal"], root["solved"] = state_flags(self.problem, root["state"])
         return self._run()
 
-    def resume(self, saved: SearchResult | ThoughtTree | str | Path) -> SearchResult:
+    def resume(self, saved: SearchResult | ThoughtTree | str | Path, x: Any = None) -> SearchResult:
         """Continue a search from a saved or interrupted one (a SearchResult, its tree, or a file
         written by `SearchResult.save`) to the result an uninterrupted run gives.
 
@@ -129,23 +125,26 @@ class Searcher:
         and scores already on it (`strategies.base.expand_once` / `evaluate_once`), so the finished
         part costs no model call and the rest is generated with the same per-node seeds. The engine
         starts with an empty KV cache (results do not depend on it). The searcher must match the
-        saved search: same problem, seed, sampling and strategy settings (ResumeError otherwise).
-        `stats` count the work of this call; earlier calls' stats are in tree.meta["previous_stats"]."""
-        if isinstance(saved, (str, Path)):
-            saved = SearchResult.load(saved, self.problem)
-        prev = saved.stats if isinstance(saved, SearchResult) else None
-        tree = saved.tree if isinstance(saved, SearchResult) else saved
-        if not isinstance(tree, ThoughtTree) or not len(tree):
-            raise ResumeError(
-                f"resume needs a SearchResult, a ThoughtTree with a root or a saved file; got {saved!r:.60}"
-            )
-        check_resumable(tree, search_settings(self.problem, self.strategy, self.sampling, self.seed))
+        saved search: same problem, model, seed, sampling, strategy settings, KV sharing mode and
+        CGEE (`settings()`), and, when `x` is given, the same input; ResumeError otherwise, naming
+        both values. `stats` count the work of this call; earlier calls' stats are in
+        tree.meta["previous_stats"]."""
+        tree, prev = saved_search(saved, self.problem, self.settings(), x)
         if tree.meta.get("input_type") == "str" and isinstance(tree.meta.get("input"), str):
             self.problem.check_input(tree.meta["input"])  # before any model work, like solve
         self.tree = fresh_copy(tree)
         if prev:
             self.tree.meta["previous_stats"] = list(self.tree.meta.get("previous_stats", [])) + [dict(prev)]
         return self._run()
+
+    def settings(self) -> dict[str, Any]:
+        """What this Searcher's searches record in tree.meta and a resume must match: the problem,
+        model, seed, strategy, sampling and the RKSC settings that change a result
+        (`treesearch.search.resuming.search_settings`)."""
+        return {
+            **search_settings(self.problem, self.strategy, self.sampling, self.seed, self.config),
+            **self.model_settings,
+        }
 
     def solve_many(self, inputs: Iterable[Any], *, concurrency: int = 16) -> Iterator[SearchResult]:
         """Solve every input, up to `concurrency` searches at once over one engine and one KV

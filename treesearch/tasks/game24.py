@@ -125,12 +125,14 @@ _COT_ANSWER = re.compile(r"^\s*Answer:(.*)$", re.MULTILINE)
 
 @dataclass(frozen=True)
 class Game24State:
-    """Remaining numbers, the steps taken, the puzzle, and (after step 4) the answer expression."""
+    """Remaining numbers, the steps taken, the puzzle, and (after step 4) the answer expression
+    (what is checked) and the answer line as the model wrote it (what is shown: `Game24.answer`)."""
 
     puzzle: tuple[int, ...]
     numbers: tuple[Fraction, ...]
     steps: tuple[str, ...] = ()
     answer: str | None = None
+    answer_text: str | None = None  # the line after "Answer:", as written ("... = 34 (left: 34)")
 
     def numbers_text(self) -> str:
         return " ".join(fmt(x) for x in sorted(self.numbers))
@@ -287,7 +289,11 @@ class Game24(Problem):
                     thought=f"Answer: {line}",
                     span=(start, start + len(line)),
                     state=Game24State(
-                        puzzle=state.puzzle, numbers=state.numbers, steps=state.steps, answer=expr
+                        puzzle=state.puzzle,
+                        numbers=state.numbers,
+                        steps=state.steps,
+                        answer=expr,
+                        answer_text=line,
                     ),
                 )
             ]
@@ -318,8 +324,11 @@ class Game24(Problem):
         """The state of the chain of thought's first "Answer:" line (its expression, checked by
         `is_solved`); the root state itself when the text has no answer line."""
         m = _COT_ANSWER.search(text)
-        expr = m.group(1).split("=")[0].strip() if m else ""
-        return Game24State(puzzle=state.puzzle, numbers=state.numbers, answer=expr) if expr else state
+        line = m.group(1).strip() if m else ""
+        expr = line.split("=")[0].strip()
+        if not expr:
+            return state
+        return Game24State(puzzle=state.puzzle, numbers=state.numbers, answer=expr, answer_text=line)
 
     def value_prompt(self, state: Game24State) -> str:
         return self.value_template.format(numbers=state.numbers_text())
@@ -336,7 +345,12 @@ class Game24(Problem):
         return state.answer is not None and check_answer(state.answer, state.puzzle)
 
     def answer(self, state: Game24State) -> str | None:
-        return None if state.answer is None else f"{state.answer} = 24"
+        """The answer line as the model wrote it ("(3 * 7) * (14 + 1) = 34 (left: 34 14)": the
+        node's thought after "Answer: "), never rewritten; `rejection_reason` says what it equals.
+        A state built without that text (by hand, or from an older saved file) gives its expression."""
+        if state.answer is None:
+            return None
+        return state.answer_text if state.answer_text is not None else state.answer
 
     def rejection_reason(self, state: Game24State) -> str | None:
         """Why the state's answer is not a solution (`answer_rejection`), e.g. "uses 12 and 9, which
@@ -358,6 +372,7 @@ class Game24(Problem):
             "numbers": [fmt(x) for x in state.numbers],
             "steps": list(state.steps),
             "answer": state.answer,
+            "answer_text": state.answer_text,
         }
 
     def state_from_json(self, data: dict) -> Game24State:
@@ -366,4 +381,5 @@ class Game24(Problem):
             numbers=tuple(parse_number(x) for x in data["numbers"]),
             steps=tuple(data["steps"]),
             answer=data["answer"],
+            answer_text=data.get("answer_text"),  # files from before the field have none
         )

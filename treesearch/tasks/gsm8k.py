@@ -45,24 +45,28 @@ def extract_number(text: str) -> str | None:
     """The final answer in a text: the number after "answer is" (or "####"), else the last number.
 
     Normalised: commas removed, trailing ".0" dropped. None when the text holds no number."""
-    if not isinstance(text, str):
-        return None
-    text = text[:10_000]
-    m = _ANSWER.search(text)
-    if m is None and "####" in text:
-        m = _NUMBER.search(text.split("####")[-1])
-        raw = m.group(0) if m else None
-    elif m is not None:
-        raw = m.group(1)
-    else:
-        found = _NUMBER.findall(text)
-        raw = found[-1] if found else None
+    raw = number_as_written(text)
     if raw is None:
         return None
     raw = raw.replace(",", "").rstrip(".")
     if "." in raw:
         raw = raw.rstrip("0").rstrip(".")
     return raw or None
+
+
+def number_as_written(text: str) -> str | None:
+    """The number `extract_number` reads, as the text writes it ("1,000" where it reads 1000)."""
+    if not isinstance(text, str):
+        return None
+    text = text[:10_000]
+    m = _ANSWER.search(text)
+    if m is None and "####" in text:
+        m = _NUMBER.search(text.split("####")[-1])
+        return m.group(0) if m else None
+    if m is not None:
+        return m.group(1)
+    found = _NUMBER.findall(text)
+    return found[-1] if found else None
 
 
 @dataclass(frozen=True)
@@ -163,7 +167,12 @@ class GSM8K(Problem):
         return state.answer is not None and state.gold is not None and state.answer == state.gold
 
     def answer(self, state: GSM8KState) -> str | None:
-        return state.answer
+        """The number the steps state as the answer, as written in the node's thought ("1,000"),
+        never rewritten; the comparison with the reference uses its normalised form (1000)."""
+        if state.answer is None:
+            return None
+        raw = number_as_written("\n".join(state.steps))
+        return raw if raw is not None and extract_number(raw) == state.answer else state.answer
 
     def rejection_reason(self, state: GSM8KState) -> str | None:
         """Why the state's answer is not a solution: no reference answer to check it against, or
