@@ -28,8 +28,9 @@ def expand_nodes(
     problem: Problem, tree: ThoughtTree, engine: Backend, sampling: Sampling, seed: int, nodes: list[int]
 ) -> list[list[int]]:
     """Generate `samples_per_expand` continuations per node (seeded per node and sample), parse
-    them into children (siblings with equal `state_key` merged) and add them to the tree; returns
-    each node's child ids in creation order."""
+    them into children (siblings with equal `state_key` merged, the child's `samples` counting the
+    generations that proposed it) and add them to the tree; returns each node's child ids in
+    creation order."""
     p = problem
     k = max(1, int(p.samples_per_expand))
     prompts, seeds, who = [], [], []
@@ -40,13 +41,17 @@ def expand_nodes(
             seeds.append(stable_seed(seed, n, j))
             who.append(n)
     gens = engine.generate(prompts, sampling, seeds=seeds, owners=who)
-    parsed: list[tuple[int, Any, list[tuple[Child, float, bool, bool]]]] = []  # phase 1: the problem
+    parsed: list[tuple[int, Any, list[tuple[Child, str, float, bool, bool]]]] = []  # phase 1: the problem
     seen: dict[int, set] = {n: set() for n in nodes}
+    proposed: dict[tuple[int, str], int] = {}  # (node, state key) -> generations that proposed it
     for n, gen in zip(who, gens):
-        kept = []
+        kept, mine = [], set()  # mine: the state keys this generation proposed
         offsets = None  # character range of each generated token, built once if a child has a span
         for c in check_children(p, p.parse_children(tree.node(n)["state"], gen.text)):
             key = p.state_key(c.state)
+            if key not in mine:
+                mine.add(key)
+                proposed[n, key] = proposed.get((n, key), 0) + 1
             if key in seen[n]:
                 continue
             seen[n].add(key)
@@ -54,7 +59,7 @@ def expand_nodes(
                 offsets = engine.token_offsets(gen)
             # CGEE Level 1: the child's own confidence (its span's tokens), else the generation's
             confidence = span_confidence(offsets or [], gen.logprobs, c.span, len(gen.text))
-            kept.append((c, confidence, *state_flags(p, c.state)))
+            kept.append((c, key, confidence, *state_flags(p, c.state)))
         parsed.append((n, gen, kept))
     out: dict[int, list[int]] = {n: [] for n in nodes}
     for n, gen, kept in parsed:  # phase 2: the tree
@@ -62,8 +67,8 @@ def expand_nodes(
         tree.node(n).setdefault("generation_ids", []).append(list(gen.token_ids))  # for resume
         if gen.asks_ref is not None:  # ASKS: this expansion's prompt attached to another node's K/V
             tree.node(n)["asks_expand"] = {"ref": who[gen.asks_ref], "sigma": gen.asks_sigma}
-        for c, confidence, terminal, solved in kept:
-            cid = tree.add_child(n, c.thought, c.state, confidence=confidence)
+        for c, key, confidence, terminal, solved in kept:
+            cid = tree.add_child(n, c.thought, c.state, confidence=confidence, samples=proposed[n, key])
             d = tree.node(cid)
             if c.prior is not None:
                 d["prior"] = float(c.prior)
