@@ -88,6 +88,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
         except (TreeSearchError, KeyboardInterrupt) as exc:
             return _stopped(exc, args, plan.problem)
     print(result.tree.text_view(max_nodes=args.max_nodes, stop=False))  # the stop line comes below
+    from treesearch.viz.notes import tree_line
+
+    print(tree_line(result.tree))  # what the tree holds, in one line
     print()
     print("\n".join(answer_lines(result)))
     if result.stop_reason is not None:  # why the search ended early, in one line

@@ -19,7 +19,7 @@ from typing import Any
 
 from treesearch.common.errors import TreeSearchError, UsageError
 
-DEFAULT_RANGES = {"game24": "900:1000", "gsm8k": "0:1319"}
+DEFAULT_RANGES = {"game24": "900:1000", "gsm8k": "0:1319", "countdown": "0:600"}
 
 
 def add_run_parser(sub: Any) -> None:
@@ -35,7 +35,8 @@ def add_run_parser(sub: Any) -> None:
         dest="rows",
         default=None,
         metavar="A:B",
-        help="rows [A, B) of the task's shipped test set (default: game24 900:1000, gsm8k 0:1319)",
+        help="rows [A, B) of the task's shipped test set (default: game24 900:1000, gsm8k 0:1319, countdown "
+        "0:600: rows 0-199 have 3 numbers, 200-399 4, 400-599 5)",
     )
     run.add_argument(
         "--inputs",

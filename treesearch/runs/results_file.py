@@ -28,7 +28,8 @@ TOKEN_COUNTERS = ("prefill_tokens", "reused_tokens", "decode_tokens", "generated
 
 def task_rows(task: str) -> list[Any]:
     """Every row of a built-in task's shipped test set, as inputs its Problem takes
-    (Game of 24: "a b c d"; GSM8K: {"question", "answer"}, so the answer can be checked)."""
+    (Game of 24: "a b c d"; GSM8K: {"question", "answer"}, so the answer can be checked;
+    Countdown: {"target", "numbers"}, rows 0-199 of 3 numbers, 200-399 of 4, 400-599 of 5)."""
     if task == "game24":
         from treesearch.tasks.game24 import load_puzzles
 
@@ -37,6 +38,10 @@ def task_rows(task: str) -> list[Any]:
         from treesearch.tasks.datasets import load_gsm8k
 
         return [{"question": q.question, "answer": q.solution} for q in load_gsm8k()]
+    if task == "countdown":
+        from treesearch.tasks.countdown import load_instances
+
+        return [{"target": r["target"], "numbers": r["numbers"]} for r in load_instances()]
     raise TreeSearchError(f"task {task!r} has no shipped test set; give the inputs with --inputs FILE")
 
 
