@@ -49,7 +49,7 @@ ERRORS = [
     ),
     (
         ["solve", "game24", "4 5 6 10", "--strategy", "greedy"],
-        "unknown strategy 'greedy'; choose from beam, bfs, cot, dfs, mcts",
+        "unknown strategy 'greedy'; choose from beam, bfs, cot, dfs, mcts, sc",
     ),
     (["solve", "chess", "e4"], "unknown task 'chess'; choose from countdown, game24, gsm8k"),
     (

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ from treesearch.common.errors import ParseError
 from treesearch.tasks import TASKS, Countdown
 from treesearch.tasks.countdown import answer_rejection, apply_step, load_instances, parse_input
 from treesearch.tasks.countdown_data import generate, reachable, solve
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_inputs_in_either_order_or_as_a_row():
@@ -152,8 +155,7 @@ def test_the_data_file_is_what_the_documented_command_writes(tmp_path):
     done = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "treesearch.tasks.countdown_data",
+            str(ROOT / "scripts" / "countdown-data"),
             "--seed",
             "0",
             "--sizes",

@@ -1,7 +1,7 @@
 """Countdown instances: a seeded generator and an exact solver. Every instance it writes comes with
 a solution the solver found, so each one is solvable.
 
-    python -m treesearch.tasks.countdown_data --seed 0 --sizes 3 4 5 --count 200 \\
+    scripts/countdown-data --seed 0 --sizes 3 4 5 --count 200 \\
         --out treesearch/tasks/data/countdown/countdown.jsonl
 
 An instance of size n: n numbers drawn from 1..13 (with repeats, like cards), and a target drawn
@@ -11,12 +11,9 @@ uniformly from the whole numbers in 10..100 that the numbers reach using each of
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 from fractions import Fraction
 from functools import cache
-from pathlib import Path
 
 LOW, HIGH = 1, 13  # numbers drawn from LOW..HIGH
 TARGETS = range(10, 101)  # targets drawn from the reachable whole numbers here
@@ -87,23 +84,3 @@ def generate(seed: int, size: int, count: int) -> list[dict]:
             {"target": target, "numbers": numbers, "solution": f"{values[Fraction(target)]} = {target}"}
         )
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m treesearch.tasks.countdown_data", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sizes", type=int, nargs="+", default=[3, 4, 5])
-    p.add_argument("--count", type=int, default=200, help="instances per size")
-    p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
-    rows = [row for size in args.sizes for row in generate(args.seed, size, args.count)]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    print(f"wrote {len(rows)} instances to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
