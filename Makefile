@@ -15,7 +15,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # the demo's Countdown input and search (tests/cli/test_demo_output.py runs exactly this)
-DEMO ?= target: 20; numbers: 2 3 4
+DEMO ?= target: 23; numbers: 4 8 11
 DEMO_FLAGS ?= --breadth 3
 MODEL ?= qwen2.5-coder-0.5b
 TEST_MODEL := qwen2.5-coder-0.5b
