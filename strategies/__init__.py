@@ -18,6 +18,7 @@ from .bfs import BFS
 from .cot import CoT
 from .dfs import DFS
 from .mcts import MCTS
+from .sc import SelfConsistency
 
 __all__ = [
     "BFS",
@@ -25,6 +26,7 @@ __all__ = [
     "CoT",
     "DFS",
     "MCTS",
+    "SelfConsistency",
     "Strategy",
     "best_by_score",
     "depth_limit",

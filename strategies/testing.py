@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import copy
 import random
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from treesearch.common.config import Sampling
 from treesearch.common.errors import ProblemDefinitionError
+from treesearch.core.cot import problem_for
 from treesearch.core.problem import Child, Problem, check_children, check_problem, check_prompt, check_value
 from treesearch.core.tree import ThoughtTree
 
@@ -62,6 +64,7 @@ class TableProblem(Problem):
         self.value_range = value_range
         self.samples_per_expand = samples_per_expand
         self.sampling = Sampling(max_new_tokens=max_new_tokens)
+        self.cot_sampling = Sampling(max_new_tokens=max_new_tokens)
 
     @classmethod
     def random(
@@ -127,6 +130,15 @@ class TableProblem(Problem):
     def answer(self, state: str) -> str | None:
         return state if state in self.terminal else None
 
+    def cot_prompt(self, state: str) -> str:
+        return f"Answer {state or 'the start'}:"
+
+    def parse_cot(self, state: str, text: str) -> str:
+        """A chain of thought's answer: the terminal state the text's CRC-32 picks (sorted order), so
+        each generation text always gives the same answer (the root itself when none is terminal)."""
+        leaves = sorted(self.terminal)
+        return leaves[zlib.crc32(text.encode()) % len(leaves)] if leaves else state
+
 
 class Recording:
     """Mixin for a `SearchOps` implementation: records in `log` each `expand` / `evaluate` call a
@@ -159,14 +171,22 @@ class TableResult:
     solved: bool
 
 
+def sample_text(j: int) -> str:
+    """What `TableOps` gives as the j-th generation of a node: "sample j" (a problem may read j
+    from it, as a test of self-consistency's vote does; `TableProblem` ignores it)."""
+    return f"sample {j}"
+
+
 class TableOps:
-    """`SearchOps` without a model, as the `Searcher` does them: every generation is the empty
-    string (`samples_per_expand` per node), every value is the problem's programmatic one.
+    """`SearchOps` without a model, as the `Searcher` does them: the j-th generation of a node is
+    `sample_text(j)` (`samples_per_expand` per node), every value is the problem's programmatic
+    one, and a strategy with `problem_for` searches the view of the problem it gives.
 
     An expansion calls the problem first and writes the tree after, so an exception leaves the
     tree as it was; `resume(tree)` runs the strategy again over a copy of an interrupted tree."""
 
     def __init__(self, problem: Problem, strategy: Strategy, *, seed: int = 0) -> None:
+        problem = problem_for(strategy, problem)
         check_problem(problem)
         self.problem = problem
         self.strategy = strategy
@@ -200,22 +220,27 @@ class TableOps:
         k = max(1, int(p.samples_per_expand))
         for n in nodes:
             check_prompt(p, "expand_prompt", p.expand_prompt(tree.node(n)["state"]))
-        parsed: list[tuple[int, list[tuple[Child, bool, bool]]]] = []
+        parsed: list[tuple[int, str, list[tuple[Child, str, bool, bool]]]] = []
+        proposed: dict[tuple[int, str], int] = {}  # (node, state key) -> generations that proposed it
         for n in nodes:
             seen: set = set()
-            for _ in range(k):
-                kept = []
-                for c in check_children(p, p.parse_children(tree.node(n)["state"], "")):
+            for j in range(k):
+                kept, mine = [], set()
+                text = sample_text(j)
+                for c in check_children(p, p.parse_children(tree.node(n)["state"], text)):
                     key = p.state_key(c.state)
+                    if key not in mine:
+                        mine.add(key)
+                        proposed[n, key] = proposed.get((n, key), 0) + 1
                     if key not in seen:
                         seen.add(key)
-                        kept.append((c, *self._flags(c.state)))
-                parsed.append((n, kept))
+                        kept.append((c, key, *self._flags(c.state)))
+                parsed.append((n, text, kept))
         out: dict[int, list[int]] = {n: [] for n in nodes}
-        for n, kept in parsed:
-            tree.node(n).setdefault("generations", []).append("")
-            for c, terminal, solved in kept:
-                cid = tree.add_child(n, c.thought, c.state)
+        for n, text, kept in parsed:
+            tree.node(n).setdefault("generations", []).append(text)
+            for c, key, terminal, solved in kept:
+                cid = tree.add_child(n, c.thought, c.state, samples=proposed[n, key])
                 d = tree.node(cid)
                 if c.prior is not None:
                     d["prior"] = float(c.prior)

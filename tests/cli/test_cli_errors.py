@@ -54,9 +54,9 @@ ERRORS = [
     ),
     (
         ["solve", "game24", "4 5 6 10", "--strategy", "greedy"],
-        "unknown strategy 'greedy'; choose from beam, bfs, cot, dfs, mcts",
+        "unknown strategy 'greedy'; choose from beam, bfs, cot, dfs, mcts, sc",
     ),
-    (["solve", "chess", "e4"], "unknown task 'chess'; choose from game24, gsm8k"),
+    (["solve", "chess", "e4"], "unknown task 'chess'; choose from countdown, game24, gsm8k"),
     (
         ["solve", "game24", "4 5 6 10", "--strategy", "cot", "--breadth", "3"],
         "--breadth does not apply to --strategy cot; drop it, or use it with --strategy beam or bfs",
@@ -193,11 +193,12 @@ def test_solve_help_lists_every_registered_task(monkeypatch, capsys):
         cli.main(["solve", "--help"])
     assert info.value.code == 0
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "task name: game24, gsm8k, sudoku" in help_text
+    assert "task name: countdown, game24, gsm8k, sudoku" in help_text
     assert "--threads N torch CPU threads for the run" in help_text
     assert (
-        "--strategy STRATEGY one of beam, bfs, cot, dfs, mcts (default bfs; cot: one chain-of-thought "
-        "generation, no search)" in help_text
+        "--strategy STRATEGY one of beam, bfs, cot, dfs, mcts, sc (default bfs; cot: one chain-of-thought "
+        "generation, no search; sc: self-consistency, the majority answer of --samples sampled chains of "
+        "thought)" in help_text
     )
 
 

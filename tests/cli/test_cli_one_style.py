@@ -55,11 +55,11 @@ ERRORS = [
     ),
     (
         ["solve", "arc", "Which gas do plants take in?"],
-        "task arc_challenge has no search Problem; solve and run take game24, gsm8k",
+        "task arc_challenge has no search Problem; solve and run take countdown, game24, gsm8k",
     ),
     (
         ["run", "mmlu_stem"],
-        "task mmlu_stem has no search Problem; solve and run take game24, gsm8k",
+        "task mmlu_stem has no search Problem; solve and run take countdown, game24, gsm8k",
     ),
 ]
 

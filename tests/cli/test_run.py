@@ -48,6 +48,22 @@ def test_run_writes_one_line_per_input_in_order_and_a_summary(uninterrupted, tmp
     assert "accuracy" in done.stdout and "inputs/h" in done.stdout and "95% CI" in done.stdout
 
 
+def test_each_row_records_its_cost_and_the_summary_prints_it(uninterrupted, tmp_path):
+    """tokens = prefill + decode and wall_s = the search's own wall time, beside solved; the
+    strategy's settings; the summary's tokens and seconds per problem are their means."""
+    for r in uninterrupted:
+        assert r["tokens"] == r["stats"]["prefill_tokens"] + r["stats"]["decode_tokens"] > 0
+        assert r["wall_s"] == round(r["stats"]["wall_s"], 3) > 0
+        assert r["strategy"] == {"name": "BFS", "breadth": 5, "max_depth": None}
+    s = summarize(uninterrupted)
+    assert s.tokens_per_problem == sum(r["tokens"] for r in uninterrupted) / 6
+    assert s.seconds_per_problem == pytest.approx(sum(r["wall_s"] for r in uninterrupted) / 6)
+    assert s.lines()[3] == (
+        f"cost: {s.tokens_per_problem:.0f} tokens per problem (prefill + decode), "
+        f"{s.seconds_per_problem:.2f} s per problem (each search's own wall time)"
+    )
+
+
 def test_resume_after_a_killed_run_gives_the_uninterrupted_file(uninterrupted, tmp_path):
     out = tmp_path / "killed.jsonl"
     proc = subprocess.Popen(

@@ -21,7 +21,9 @@ import strategies
 from treesearch import ResumeError, RKSCConfig, Searcher, SearchResult
 from treesearch.cli.strategy_flags import STRATEGIES
 
-NAMES = sorted(set(STRATEGIES) - {"cot"})  # cot's one generation: tests/strategies/test_cot.py
+# one expansion of the task's chain of thought: cot's in tests/strategies/test_cot.py, sc's resume in
+# the strategy contracts (tests/strategies/test_strategy_contracts.py)
+NAMES = sorted(set(STRATEGIES) - {"cot", "sc"})
 
 
 def make_strategy(name: str):

@@ -16,8 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strategies import BFS, DFS, MCTS, Beam, is_expanded
+from strategies import BFS, DFS, MCTS, Beam, SelfConsistency, is_expanded
 from strategies.testing import TableProblem, TableSearcher
+from treesearch.core.cot import ChainOfThought
 from treesearch.core.tree import STATUSES, ThoughtTree
 
 # (id, factory, most nodes per expand call, TableProblem.random options)
@@ -34,7 +35,11 @@ STRATEGIES = [
         {},
     ),
     ("dfs", lambda: DFS(threshold=0.3, max_states=8, stop_on_solution=False), 1, {}),
+    ("sc", lambda: SelfConsistency(samples=9), 1, {}),
 ]
+# Strategies whose children are read from the generation's text (TableProblem.parse_cot), so a
+# model's text gives other children than TableOps' "sample j" (test_strategies compares the two)
+TEXT_PARSED = {"sc"}
 IDS = [s[0] for s in STRATEGIES]
 params = pytest.mark.parametrize("make, batch, opts", [s[1:] for s in STRATEGIES], ids=IDS)
 
@@ -95,14 +100,24 @@ def signature(tree: ThoughtTree) -> list[tuple]:
     ]
 
 
-def check_complete(tree: ThoughtTree, prob: TableProblem) -> None:
+def table_children(prob: TableProblem, view, state: str, generations: list[str]) -> list[str]:
+    """The children an expansion of `state` gives: the table's, or (a strategy's view of the
+    problem, e.g. self-consistency's chains) each generation's chain answer, first seen first."""
+    if not isinstance(view, ChainOfThought):
+        return prob.children.get(state, [])
+    return list(dict.fromkeys(TableProblem.parse_cot(prob, state, g) for g in generations))
+
+
+def check_complete(tree: ThoughtTree, prob: TableProblem, view=None) -> None:
     """Nothing half-done: each node is either unexpanded without children, or expanded with all of
-    its table children in order; pruned nodes are never expanded; MCTS counts add up."""
+    its children (the table's, or the view's) in order; pruned nodes are never expanded; MCTS
+    counts add up."""
     for n, d in tree.graph.nodes(data=True):
         kids = tree.children(n)
         assert d["status"] in STATUSES, (n, d["status"])
         if is_expanded(tree, n):
-            assert [tree.node(c)["state"] for c in kids] == prob.children.get(d["state"], []), n
+            want = table_children(prob, view, d["state"], d.get("generations", []))
+            assert [tree.node(c)["state"] for c in kids] == want, n
             assert not d["terminal"] and d["status"] != "pruned", n
         else:
             assert kids == [], f"node {n} has children but is not marked expanded"
@@ -110,6 +125,11 @@ def check_complete(tree: ThoughtTree, prob: TableProblem) -> None:
             assert d["solved"] and d["terminal"], n
         assert d["visits"] >= sum(tree.node(c)["visits"] for c in kids), n
         assert (d["visits"] == 0) <= (d["value_sum"] == 0.0), n
+
+
+def task_of(s: TableSearcher) -> Flaky:
+    """The table problem a searcher runs on (under a strategy's view of it, the view's task)."""
+    return getattr(s.problem, "task", s.problem)
 
 
 def through_json(tree: ThoughtTree, prob: TableProblem) -> ThoughtTree:
@@ -172,7 +192,7 @@ def test_batches_honoured_and_no_operation_repeated(baseline, make, batch, opts)
 @params
 def test_nothing_half_done(baseline, make, batch, opts):
     s, r, _ = base_of(baseline, make)
-    check_complete(r.tree, s.problem)
+    check_complete(r.tree, problem(opts), s.problem)
     if isinstance(s.strategy, MCTS):
         assert r.tree.node(0)["visits"] == s.strategy.iterations
 
@@ -181,10 +201,10 @@ def test_nothing_half_done(baseline, make, batch, opts):
 def test_running_again_is_harmless(make, batch, opts):
     s = searcher(problem(opts), make())
     r = s.solve("")
-    before, calls, log = signature(r.tree), s.problem.calls, list(s.log)
+    before, calls, log = signature(r.tree), task_of(s).calls, list(s.log)
     assert s.strategy.run(s) == r.best
     assert signature(s.tree) == before and s.log == log  # no expand / evaluate call at all
-    assert s.problem.calls == calls
+    assert task_of(s).calls == calls
 
 
 def interrupted_then_resumed(make, opts, fail_at: int, seed: int = 7, via_json: bool = False):
@@ -193,7 +213,7 @@ def interrupted_then_resumed(make, opts, fail_at: int, seed: int = 7, via_json: 
     s = searcher(prob, make())
     with pytest.raises(Interrupted):
         s.solve("")
-    check_complete(s.tree, prob)  # the interruption left nothing half-done
+    check_complete(s.tree, prob, s.problem)  # the interruption left nothing half-done
     prob.fail_at = None
     tree = through_json(s.tree, prob) if via_json else s.tree
     return s.resume(tree)  # same searcher settings

@@ -69,6 +69,7 @@ RULES: dict[str, Rule] = {
     "exploration": Rule(_finite_at_least(0.0), "use a constant >= 0 (about 1 for values in [0, 1])"),
     "threshold": Rule(math.isfinite, "use a finite value within the task's value range"),
     "max_states": Rule(_at_least(1), "use at least 1 expansion"),
+    "samples": Rule(_at_least(1), "use at least 1 chain of thought"),
     "temperature": Rule(_finite_at_least(0.0), "use 0 for greedy or a positive value such as 0.7"),
     "top_p": Rule(lambda v: 0 < v <= 1, "use a value in (0, 1], such as 0.95"),
     "cache_budget": Rule(_at_least(1), "use a positive number of bytes, or leave it out for no limit"),

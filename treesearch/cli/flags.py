@@ -115,7 +115,7 @@ def add_task_flag(p: argparse.ArgumentParser, names: tuple[str, ...], default: s
 
 def add_search_flags(p: argparse.ArgumentParser) -> None:
     """The flags of a search (model, KV sharing, strategy, sampling), shared by solve and run."""
-    from strategies import DFS, MCTS
+    from strategies import DFS, MCTS, SelfConsistency
 
     add_model_flags(p)
     add_threads_flag(p)
@@ -151,7 +151,7 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
         "--strategy",
         default="bfs",
         help=f"one of {', '.join(strategy_names())} (default bfs; cot: one chain-of-thought generation, "
-        "no search)",
+        "no search; sc: self-consistency, the majority answer of --samples sampled chains of thought)",
     )
     p.add_argument("--breadth", type=int, default=None, help="BFS/beam: states kept per step (default 5)")
     p.add_argument("--depth", type=int, default=None, help="depth limit (default: the task's)")
@@ -178,6 +178,13 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help=f"DFS: state budget (default: DFS's own, {DFS.max_states})",
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        metavar="K",
+        help=f"sc: chains of thought sampled (default: SelfConsistency's own, {SelfConsistency.samples})",
     )
     p.add_argument(
         "--temperature",

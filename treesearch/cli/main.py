@@ -1,5 +1,5 @@
-"""Command line: `treesearch solve TASK INPUT`, `treesearch run TASK`, `treesearch bench`, `treesearch
-calibrate`, `treesearch models`.
+"""Command line: `treesearch solve TASK INPUT`, `treesearch run TASK`, `treesearch compare A B`,
+`treesearch bench`, `treesearch calibrate`, `treesearch models`.
 
 Every argument is checked before the model loads (`treesearch.cli.checks`). Whichever module finds a bad
 one raises `UsageError`; `main` is the one place it (or any other TreeSearchError) becomes one line,
@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrate", help="calibrate CGEE thresholds (treesearch calibrate --help)", add_help=False
     )
     sub.add_parser("models", help="list and install models (treesearch models --help)", add_help=False)
+    sub.add_parser(
+        "compare",
+        help="pair two run results files: paired accuracy, McNemar (treesearch compare --help)",
+        add_help=False,
+    )
     add_backend_args(solve)
     return parser
 
@@ -84,6 +89,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
         except (TreeSearchError, KeyboardInterrupt) as exc:
             return _stopped(exc, args, plan.problem)
     print(result.tree.text_view(max_nodes=args.max_nodes, stop=False))  # the stop line comes below
+    from treesearch.viz.notes import tree_line
+
+    print(tree_line(result.tree))  # what the tree holds, in one line
     print()
     print("\n".join(answer_lines(result)))
     if result.stop_reason is not None:  # why the search ended early, in one line
@@ -182,10 +190,17 @@ def cmd_calibrate(argv: list[str]) -> int:
 
 # Commands that parse their own arguments: main hands them everything after the command name
 # (argparse's REMAINDER would drop a leading "--option").
+def cmd_compare(argv: list[str]) -> int:
+    from treesearch.cli.compare import cmd_compare as compare
+
+    return compare(argv)
+
+
 HANDED_OVER: dict[str, Callable[[list[str]], int]] = {
     "bench": cmd_bench,
     "calibrate": cmd_calibrate,
     "models": cmd_models,
+    "compare": cmd_compare,
 }
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from treesearch.common.errors import TreeSearchError, UsageError
 
-DEFAULT_RANGES = {"game24": "900:1000", "gsm8k": "0:1319"}
+DEFAULT_RANGES = {"game24": "900:1000", "gsm8k": "0:1319", "countdown": "0:600"}
 
 
 def add_run_parser(sub: Any) -> None:
@@ -41,7 +41,8 @@ def add_run_parser(sub: Any) -> None:
         dest="rows",
         default=None,
         metavar="A:B",
-        help="rows [A, B) of the task's shipped test set (default: game24 900:1000, gsm8k 0:1319)",
+        help="rows [A, B) of the task's shipped test set (default: game24 900:1000, gsm8k 0:1319, countdown "
+        "0:600: rows 0-199 have 3 numbers, 200-399 4, 400-599 5)",
     )
     run.add_argument(
         "--inputs",
@@ -70,6 +71,13 @@ def add_run_parser(sub: Any) -> None:
         help="also write each input's tree to DIR/INDEX.json (default: no trees)",
     )
     add_json_flag(run, "the summary")
+    run.add_argument(
+        "--match-tokens",
+        default=None,
+        metavar="OTHER.jsonl",
+        help="with --strategy sc: choose --samples so that a problem costs the tokens it cost in OTHER's "
+        "run (a pilot on the first rows measures one chain; default: --samples as given)",
+    )
     ray = run.add_argument_group(
         "Ray",
         "spread the run over Ray workers, each with its own model and engine (needs pip install -e '.[ray]')",
@@ -177,6 +185,7 @@ def check_workers(args: argparse.Namespace) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from treesearch.cli.backend import check_backend_flags
     from treesearch.cli.checks import check_run
+    from treesearch.cli.match_tokens import check_match_tokens
     from treesearch.cli.model_loading import torch_threads
     from treesearch.common.provenance import record
 
@@ -184,6 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = check_run(args)
     check_workers(args)
     check_backend_flags(args)
+    target = check_match_tokens(args)
     items = run_items(args)
     stem = args.task.replace(":", ".")  # my_module:MyProblem -> my_module.MyProblem-0-2.jsonl
     out_path = args.out or f"{stem}-{items[0][0]}-{items[-1][0] + 1}.jsonl"
@@ -202,7 +212,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 summary = _run_on_workers(args, plan, items, out)
             else:
                 with torch_threads(args.threads):
-                    summary = _run_here(args, plan, items, out)
+                    summary = _run_here(args, plan, items, out, target)
         except KeyboardInterrupt:
             done = plural(len(out.done), "input") + (" is" if len(out.done) == 1 else " are")
             print(
@@ -242,14 +252,19 @@ def run_report(args: argparse.Namespace, summary: Any, recorded: dict) -> dict:
     }
 
 
-def _run_here(args: argparse.Namespace, plan: Any, items: list, out: Any) -> Any:
-    """The run in this process: one model, one engine, solve_many."""
+def _run_here(args: argparse.Namespace, plan: Any, items: list, out: Any, target: float | None = None) -> Any:
+    """The run in this process: one model, one engine, solve_many (`target`: --match-tokens' tokens
+    per problem, for which self-consistency's samples are chosen first)."""
     from treesearch.cli.backend import backend_from_args
     from treesearch.cli.model_loading import load_model_or_fail
     from treesearch.runs.results_file import run_inputs
     from treesearch.search.searcher import Searcher
 
     model = backend_from_args(args) or load_model_or_fail(args)
+    if target is not None:
+        from treesearch.cli.match_tokens import choose
+
+        plan = choose(model, plan, args, items, out.done, target)
     searcher = Searcher(
         model,
         plan.problem,

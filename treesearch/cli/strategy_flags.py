@@ -1,6 +1,6 @@
 """The `--strategy` names and how each strategy is built from the search flags (--breadth, --depth,
---iterations, --exploration, --threshold, --max-states, --seed). The flags stop here: strategies get
-plain values.
+--iterations, --exploration, --threshold, --max-states, --samples, --seed). The flags stop here:
+strategies get plain values.
 
     from treesearch.cli.strategy_flags import STRATEGIES
     STRATEGIES["greedy"] = lambda args: Greedy()      # then `treesearch solve ... --strategy greedy`
@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from strategies import BFS, DFS, MCTS, Beam, CoT, Strategy
+from strategies import BFS, DFS, MCTS, Beam, CoT, SelfConsistency, Strategy
 
 
 def _given(value: Any, default: Any) -> Any:
@@ -47,6 +47,10 @@ def _cot(a: argparse.Namespace) -> CoT:
     return CoT()  # one generation: no search flag applies (--temperature / --seed set its sampling)
 
 
+def _sc(a: argparse.Namespace) -> SelfConsistency:
+    return SelfConsistency(samples=_given(a.samples, SelfConsistency.samples))
+
+
 # --strategy name -> the strategy built from the parsed search flags
 STRATEGIES: dict[str, Callable[[argparse.Namespace], Strategy]] = {
     "bfs": _bfs,
@@ -54,6 +58,7 @@ STRATEGIES: dict[str, Callable[[argparse.Namespace], Strategy]] = {
     "mcts": _mcts,
     "dfs": _dfs,
     "cot": _cot,
+    "sc": _sc,
 }
 
 # The search flags (argparse dests) each built-in strategy reads: one it does not read, given on the
@@ -64,5 +69,6 @@ READS: dict[str, frozenset[str]] = {
     "mcts": frozenset({"iterations", "exploration", "depth"}),
     "dfs": frozenset({"threshold", "max_states", "depth"}),
     "cot": frozenset(),
+    "sc": frozenset({"samples"}),
 }
 SEARCH_FLAGS = frozenset().union(*READS.values())

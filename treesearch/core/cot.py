@@ -7,6 +7,7 @@ accuracy, result lines and resume work as for a search. `strategies.CoT` runs it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from treesearch.common.errors import ProblemDefinitionError
@@ -16,7 +17,7 @@ from treesearch.core.problem import Child, Problem
 class ChainOfThought(Problem):
     """The one-generation view of `task`: expand the root once with `task.cot_prompt`, no search."""
 
-    labels = None
+    labels: Mapping[str, float] | None = None
     value_range = (0.0, 1.0)
     max_depth = 1
     samples_per_expand = 1
@@ -49,7 +50,7 @@ class ChainOfThought(Problem):
         """One child whatever the text: the state its answer gives (no answer: the task says so)."""
         return [Child(thought=text.strip(), state=self.task.parse_cot(state, text))]
 
-    def value(self, state: Any) -> float:
+    def value(self, state: Any) -> float | None:
         return 1.0 if self.task.is_solved(state) else 0.0
 
     def is_terminal(self, state: Any) -> bool:

@@ -3,7 +3,8 @@
 Node attributes: state, thought, depth, score (None until evaluated), status
 ("frontier" | "expanded" | "pruned" | "solution"), terminal, solved, visits, value_sum (MCTS),
 and `kv`, the node's handle into the KV store (never serialised). Strategies and the Searcher may
-add more (e.g. prior, confidence, cgee). Node ids are consecutive ints; the root is 0.
+add more (e.g. prior, confidence, cgee; `samples`: how many of its parent's generations proposed
+it). Node ids are consecutive ints; the root is 0.
 """
 
 from __future__ import annotations

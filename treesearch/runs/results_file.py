@@ -3,8 +3,11 @@ each search finishes, so an interrupted run leaves a valid file that `resume` co
 summary (accuracy with a 95% interval, inputs per hour, token totals).
 
 A line: {"index", "input", "status" ("complete" | "failed" | "invalid"), "answer", "solved",
-"answer_node", "error", "stats", "worker"}. An input the task refuses (`Problem.check_input`) is
-written as "invalid" with the error, without a search; a search that raises as "failed".
+"tokens", "wall_s", "answer_node", "error", "stats", "worker", "strategy"}. `tokens` is the search's
+cost in tokens run through the model (prefill + decode: prompt tokens whose K/V came from the cache
+are not counted), `wall_s` its own wall time (searches run concurrently overlap), `strategy` its
+strategy's settings ({"name": ..., fields...}). An input the task refuses (`Problem.check_input`)
+is written as "invalid" with the error, without a search; a search that raises as "failed".
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ TOKEN_COUNTERS = ("prefill_tokens", "reused_tokens", "decode_tokens", "generated
 
 def task_rows(task: str) -> list[Any]:
     """Every row of a built-in task's shipped test set, as inputs its Problem takes
-    (Game of 24: "a b c d"; GSM8K: {"question", "answer"}, so the answer can be checked)."""
+    (Game of 24: "a b c d"; GSM8K: {"question", "answer"}, so the answer can be checked;
+    Countdown: {"target", "numbers"}, rows 0-199 of 3 numbers, 200-399 of 4, 400-599 of 5)."""
     if task == "game24":
         from treesearch.tasks.game24 import load_puzzles
 
@@ -34,6 +38,10 @@ def task_rows(task: str) -> list[Any]:
         from treesearch.tasks.datasets import load_gsm8k
 
         return [{"question": q.question, "answer": q.solution} for q in load_gsm8k()]
+    if task == "countdown":
+        from treesearch.tasks.countdown import load_instances
+
+        return [{"target": r["target"], "numbers": r["numbers"]} for r in load_instances()]
     raise TreeSearchError(f"task {task!r} has no shipped test set; give the inputs with --inputs FILE")
 
 
@@ -65,8 +73,17 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def record(index: int, x: Any, result: Any = None, *, error: str | None = None, worker: Any = None) -> dict:
-    """The JSON line of one input: its search's result, or the error that kept it from running."""
+def record(
+    index: int,
+    x: Any,
+    result: Any = None,
+    *,
+    error: str | None = None,
+    worker: Any = None,
+    strategy: dict | None = None,
+) -> dict:
+    """The JSON line of one input: its search's result and cost, or the error that kept it from
+    running."""
     if result is None:
         return {
             "index": index,
@@ -74,22 +91,54 @@ def record(index: int, x: Any, result: Any = None, *, error: str | None = None, 
             "status": "invalid",
             "answer": None,
             "solved": False,
+            "tokens": 0,
+            "wall_s": 0.0,
             "answer_node": None,
             "error": error,
             "stats": {},
             "worker": worker,
+            "strategy": strategy,
         }
+    stats = dict(result.stats)
     return {
         "index": index,
         "input": x,
         "status": result.status,
         "answer": result.answer,
         "solved": bool(result.solved),
+        "tokens": int(stats.get("prefill_tokens", 0)) + int(stats.get("decode_tokens", 0)),
+        "wall_s": round(float(stats.get("wall_s", 0.0)), 3),
         "answer_node": result.answer_node,
         "error": result.error,
-        "stats": dict(result.stats),
+        "stats": stats,
         "worker": worker,
+        "strategy": strategy,
     }
+
+
+def strategy_record(strategy: Any) -> dict | None:
+    """A strategy's settings for the results file: {"name": class name, field: value...}."""
+    if strategy is None:
+        return None
+    from treesearch.search.resuming import describe
+
+    settings = describe(strategy)
+    return {"name": type(strategy).__name__, **(settings if isinstance(settings, dict) else {})}
+
+
+def row_tokens(row: dict) -> int:
+    """A line's tokens (prefill + decode), from its stats for files written before the field."""
+    if "tokens" in row:
+        return int(row["tokens"])
+    stats = row.get("stats") or {}
+    return int(stats.get("prefill_tokens", 0)) + int(stats.get("decode_tokens", 0))
+
+
+def row_seconds(row: dict) -> float:
+    """A line's search wall time, from its stats for files written before the field."""
+    if "wall_s" in row:
+        return float(row["wall_s"])
+    return float((row.get("stats") or {}).get("wall_s", 0.0))
 
 
 class ResultsFile:
@@ -161,6 +210,8 @@ class Summary:
     inputs_run: int = 0  # inputs this session ran
     inputs_per_hour: float = 0.0
     tokens: dict = field(default_factory=dict)
+    tokens_per_problem: float = 0.0  # mean tokens (prefill + decode) of a searched input
+    seconds_per_problem: float = 0.0  # mean wall time of a searched input's search
     per_worker: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -175,6 +226,8 @@ class Summary:
             f"this run: {plural(self.inputs_run, 'input')} in {self.wall_s:.1f} s = "
             f"{self.inputs_per_hour:.1f} inputs/h",
             "tokens: " + ", ".join(f"{k}={v}" for k, v in self.tokens.items()),
+            f"cost: {self.tokens_per_problem:.0f} tokens per problem (prefill + decode), "
+            f"{self.seconds_per_problem:.2f} s per problem (each search's own wall time)",
         ]
         if len(self.per_worker) > 1:
             out.append("per worker: " + ", ".join(f"{k}: {v}" for k, v in sorted(self.per_worker.items())))
@@ -192,6 +245,10 @@ def summarize(rows: Iterable[dict], *, wall_s: float = 0.0, inputs_run: int = 0)
     s.accuracy_low, s.accuracy_high = wilson(s.solved, s.searched)
     s.inputs_per_hour = 3600 * inputs_run / wall_s if wall_s > 0 else 0.0
     s.tokens = {k: sum(int(r.get("stats", {}).get(k, 0)) for r in rows) for k in TOKEN_COUNTERS}
+    searched = [r for r in rows if r.get("status") != "invalid"]
+    if searched:
+        s.tokens_per_problem = sum(row_tokens(r) for r in searched) / len(searched)
+        s.seconds_per_problem = sum(row_seconds(r) for r in searched) / len(searched)
     for r in rows:
         if r.get("worker") is not None:
             s.per_worker[str(r["worker"])] = s.per_worker.get(str(r["worker"]), 0) + 1
@@ -214,13 +271,15 @@ def run_inputs(
     `treesearch.runs.distributed.DistributedRun`, whose results carry the worker that ran them)."""
     todo = [(i, x) for i, x in items if i not in out.done]
     problem = source.problem
+    spec = getattr(source, "spec", None)  # a DistributedRun's workers' settings
+    strategy = strategy_record(getattr(source, "strategy", None) or getattr(spec, "strategy", None))
     valid = []
     for i, x in todo:
         try:
             problem.check_input(x)
             valid.append((i, x))
         except TreeSearchError as err:
-            out.write(record(i, x, error=f"{type(err).__name__}: {err}"))
+            out.write(record(i, x, error=f"{type(err).__name__}: {err}", strategy=strategy))
     bar = _bar(progress, len(todo), len(todo) - len(valid))
     t0 = time.perf_counter()
     tokens = 0
@@ -234,7 +293,7 @@ def run_inputs(
     try:
         for i, x, res in results:
             worker = getattr(res, "worker", None)
-            out.write(record(i, x, res, worker=worker))
+            out.write(record(i, x, res, worker=worker, strategy=strategy))
             if trees is not None:
                 Path(trees).mkdir(parents=True, exist_ok=True)
                 res.tree.save(Path(trees) / f"{i}.json", problem.state_to_json)
