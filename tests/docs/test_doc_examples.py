@@ -122,7 +122,9 @@ def test_the_readme_shows_the_demo_command_and_its_output():
     demo = [b for b in ALL if b.path == "README.md" and b.lang == "console"]
     assert len(demo) == 1 and demo[0].not_run is None
     (cmd, shown), *_ = console_steps(demo[0])
-    assert cmd == ["treesearch", "solve", "game24", "4 5 6 10"]  # what `make demo` runs
-    assert "legend: " in shown and "stats: " in shown
+    # what `make demo` runs
+    assert cmd == ["treesearch", "solve", "countdown", "target: 23; numbers: 4 8 11", "--breadth", "3"]
+    assert "legend: " in shown and "solved: yes" in shown and "stats: " in shown
     make = (ROOT / "Makefile").read_text()
-    assert '$(VENV)/bin/treesearch solve game24 "$(PUZZLE)"' in make and "PUZZLE ?= 4 5 6 10" in make
+    assert '$(VENV)/bin/treesearch solve countdown "$(DEMO)" $(DEMO_FLAGS)' in make
+    assert "DEMO ?= target: 23; numbers: 4 8 11" in make and "DEMO_FLAGS ?= --breadth 3" in make
