@@ -10,10 +10,10 @@ about 40 small ops per layer (views included) over weights packed once per model
   The packed weights are a second copy (the model's weight bytes again, held per model). Each
   RMSNorm's weight is folded into the projection after it, and the attention scale into q's rows.
 - RoPE as x cos + roll(x, d/2) sin', sin' = sin with its first half negated (rotate_half in one op).
-- Attention (`ATTENTION`, "kernel"): every run each row reads (cached prefix runs, shared or its
-  own, and the step's buffer) in one compiled call per layer on all the step's threads, split
+- Attention with `ATTENTION = "kernel"`: every run each row reads (cached prefix runs, shared or
+  its own, and the step's buffer) in one compiled call per layer on all the step's threads, split
   into chunks merged by log-sum-exp (`treesearch.engine.attend_kernel`); the torch ops below are
-  the path where it cannot be built.
+  the path where it cannot be built, and the default (see `ATTENTION`).
 - Attention ("math", `_attend_joint`): one softmax over each row's buffer and the cached runs every
   row reads, their scores side by side (K/V read in place). The runs a row reads apart from the
   others (its own, and runs only some rows read) are merged into it by the compiled kernel of
@@ -49,11 +49,14 @@ from treesearch.engine.attend_kernel import StepRuns
 from treesearch.engine.step_plan import Plan
 
 PACK_ROWS = 4  # oneDNN's batch-size hint for packing: 4 and 16 stream alike at 1..16 rows, 1 is slower
+# "math" (matmul, softmax with its log-normaliser, matmul), "flash" (SDPA's CPU flash kernel: per
+# step in examples/measure_kv.py decode, several times slower over a 1,000-token prefix) or
 # "kernel": every run in one compiled call per layer on all threads (`treesearch.engine.attend_kernel`;
-# where it cannot be built, "math"); "math" (matmul, softmax with its log-normaliser, matmul) or
-# "flash" (SDPA's CPU flash kernel): per step in examples/measure_kv.py decode, flash was several
-# times slower over a 1,000-token prefix.
-ATTENTION = "kernel"
+# where it cannot be built, "math"). `measure_kv.py limit` times kernel and math side by side: on a
+# 2-core machine loaded ~9x over (the only one measured), 1,000-token context, one thread: 1 row
+# 1.01x math's time, 14 rows 1.18x; two threads 1.32x / 1.47x (its barriers wait on descheduled
+# threads). So "math" stays the default until a quiet machine says otherwise.
+ATTENTION = "math"
 # The runs each read by one row are copied side by side into one padded K/V block per step (two
 # matrix products per layer for all rows, not two per row and run) when that block takes at most
 # this many bytes: at 16 rows of 4-6 own tokens on the default model (a 4.4 MB block) the step
