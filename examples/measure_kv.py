@@ -6,6 +6,10 @@
     python examples/measure_kv.py asks   [--puzzles 2]                 # ASKS vs exact: extra reuse, agreement
     python examples/measure_kv.py decode [--threads 1]                 # step time vs HF generate vs bandwidth limit
     python examples/measure_kv.py compile [--threads 1]                # torch.compile of a layer's dense part vs the eager step
+    python examples/measure_kv.py limit [--threads 2] [--batches 1 14] # the fast step beside its limit: step, limit, ratio
+    python examples/measure_kv.py profile [--threads 2]                # where a one-row step's time goes, per op
+    python examples/measure_kv.py prefill [--threads 2]                # prefill tokens/s of a 1,000-token prompt
+    python examples/measure_kv.py solve [--threads 2]                  # one solve: wall, time in forwards, outside per call
 
 All use the default model (SmolLM2-135M-Instruct, fp32, CPU unless --device). Timings are for
 information only (no test depends on them).
@@ -269,7 +273,8 @@ def cmd_asks(args, lm) -> None:
 
 def stream_rate(reps: int = 7) -> dict:
     """GB/s of a 512 MiB fp32 matrix-vector product, plain (`F.linear`) and with the weight packed
-    for oneDNN (`mkldnn._linear_pointwise`): the fastest is the machine's streaming rate."""
+    for oneDNN (`mkldnn._linear_pointwise`), and of a plain `torch.sum` over 1 GiB, all with the
+    process's torch threads: the fastest is the machine's read rate now."""
     out = {}
     for name, fn in _stream_fns().items():
         ts = []
@@ -277,11 +282,12 @@ def stream_rate(reps: int = 7) -> dict:
             t0 = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t0)
-        out[name] = _W_BYTES / statistics.median(ts) / 1e9
+        out[name] = (_SUM_BYTES if name == "sum" else _W_BYTES) / statistics.median(ts) / 1e9
     return out
 
 
 _W_BYTES = 16384 * 8192 * 4
+_SUM_BYTES = 1 << 30
 _STREAM: dict = {}
 
 
@@ -296,6 +302,8 @@ def _stream_fns() -> dict:
         if torch.backends.mkldnn.is_available():
             packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)  # batch-size hint 4: streams faster than 1
             _STREAM["mkldnn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+        big = torch.ones(_SUM_BYTES // 4)
+        _STREAM["sum"] = lambda: torch.sum(big)
         for fn in _STREAM.values():
             fn()
     return _STREAM
@@ -392,8 +400,8 @@ def step_engines(lm, prefix: str, batches: list[int], steps: int, path: str) -> 
 EMITTED: list[dict] = []  # the JSON lines a command printed, for --json
 
 
-def emit(line: dict) -> None:
-    """Print one JSON line and keep it for --json."""
+def emit(line: dict, flush: bool = True) -> None:
+    """Print one JSON line and keep it for --json (`flush`: accepted for callers that pass it)."""
     EMITTED.append(line)
     print(json.dumps(line), flush=True)
 
@@ -594,12 +602,254 @@ def cmd_compile(args, lm) -> None:
             row.update(
                 {f"{w}/eager": round(row[f"{w}_ms"] / row["eager_ms"], 2) for w in ("inputs", "frozen")}
             )
-            print(json.dumps(row), flush=True)
+            emit(row)
+
+
+def _words_prefix(n: int) -> str:
+    words = " alpha beta gamma delta river stone cloud green quiet table".split()
+    return "".join(f" {words[i % len(words)]}" for i in range(n))
+
+
+def cmd_limit(args, lm) -> None:
+    """The fast decode step beside its measured limit, per batch size: the bytes one step reads
+    (every weight once, plus the K/V it attends over: the shared prefix once and each row's own
+    tokens) over the read rate measured in the same round (the fastest of `stream_rate`, a plain
+    `torch.sum` over 1 GiB among them, with the same threads). Rounds interleave the limit and the
+    steps; each ratio is taken within a round, then the median over rounds. Where the step has the
+    attention kernel, the torch-op attention ("math") is timed beside it in each round."""
+    import torch
+
+    from treesearch.engine import decoder
+
+    modes = ["kernel", "math"] if getattr(decoder, "ATTENTION", None) == "kernel" else [None]
+    prefix = _words_prefix(args.prefix)
+    engines = step_engines(lm, prefix, args.batches, args.steps, "fast")
+    wbytes, bpt = weight_bytes(lm), lm.kv_bytes_per_token
+    base = len(lm.tokenizer(prefix)["input_ids"])
+    kv = {}
+    for bsz, (_, prompts) in engines.items():
+        own = sum(len(lm.tokenizer(p)["input_ids"]) - base for p in prompts)
+        kv[bsz] = (base + own + bsz * args.steps // 2) * bpt  # tokens read at the middle step
+    rounds = []
+    for _ in range(args.repeats):
+        rates = stream_rate()
+        r = {"rate": max(rates.values()), **{f"{k}_GBps": v for k, v in rates.items()}}
+        for bsz, (eng, prompts) in engines.items():
+            for mode in modes:
+                if mode is not None:
+                    decoder.ATTENTION = mode
+                r[bsz, mode] = 1000 * statistics.median(timed_steps(eng, prompts, args.steps))
+        rounds.append(r)
+    if modes[0] is not None:
+        decoder.ATTENTION = modes[0]
+    for bsz in engines:
+        limits = [(wbytes + kv[bsz]) / r["rate"] / 1e6 for r in rounds]
+        first = (bsz, modes[0])
+        more = {}
+        if len(modes) > 1:
+            more = {
+                "math_step_ms": round(statistics.median(r[bsz, "math"] for r in rounds), 2),
+                "kernel/math": round(statistics.median(r[first] / r[bsz, "math"] for r in rounds), 3),
+            }
+        emit(
+            (
+                {
+                    "B": bsz,
+                    "context": base,
+                    "step_ms": round(statistics.median(r[first] for r in rounds), 2),
+                    "limit_ms": round(statistics.median(limits), 2),
+                    "step/limit": round(statistics.median(r[first] / m for r, m in zip(rounds, limits)), 3),
+                    **more,
+                    "weight_bytes": wbytes,
+                    "kv_bytes": kv[bsz],
+                    "read_GBps": {
+                        k[:-5]: round(statistics.median(r[k] for r in rounds), 1)
+                        for k in rounds[0]
+                        if isinstance(k, str) and k.endswith("_GBps")
+                    },
+                    "torch_threads": torch.get_num_threads(),
+                    "rounds": len(rounds),
+                }
+            ),
+            flush=True,
+        )
+
+
+def cmd_profile(args, lm) -> None:
+    """Where a one-row fast decode step's time goes (torch profiler, self time per op, per step),
+    over a cached prefix: the matrix products, the attention kernel (one labelled range per
+    call), the other ops, and what no op accounts for (Python, dispatch, ctypes)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    prefix = _words_prefix(args.prefix)
+    (eng, prompts) = step_engines(lm, prefix, [1], args.steps, "fast")[1]
+    try:
+        from treesearch.engine.attend_kernel import StepRuns
+
+        attend = StepRuns.attend
+
+        def labelled(self, *a, **kw):
+            with record_function("attend_kernel"):
+                return attend(self, *a, **kw)
+
+        StepRuns.attend = labelled
+    except ImportError:  # a checkout from before the kernel
+        attend = None
+    plain = statistics.median(timed_steps(eng, prompts, args.steps))
+    step = eng.forward.step
+    steps: list[float] = []
+
+    def marked(*a, **kw):
+        t0 = time.perf_counter()
+        with record_function("decode_step"):
+            out = step(*a, **kw)
+        steps.append(time.perf_counter() - t0)
+        return out
+
+    eng.forward.step = marked
+    from treesearch.common.config import Sampling
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        eng.generate(prompts, Sampling(max_new_tokens=1 + args.steps, ignore_eos=True))
+    del eng.forward.step
+    if attend is not None:
+        StepRuns.attend = attend
+    n = len(steps)
+    self_us: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    step_us = kernel_us = 0.0
+    for e in prof.events():  # only what ran inside a decode step
+        up = e
+        while up.cpu_parent is not None and up.name != "decode_step":
+            up = up.cpu_parent
+        if up.name != "decode_step":
+            continue
+        if e.name == "decode_step":
+            step_us += e.cpu_time_total
+            continue
+        if e.name == "attend_kernel":
+            kernel_us += e.cpu_time_total
+        self_us[e.name] = self_us.get(e.name, 0.0) + e.self_cpu_time_total
+        calls[e.name] = calls.get(e.name, 0) + 1
+    ops_ms = sum(self_us.values()) / n / 1000
+    kernel = kernel_us / n / 1000
+    products = (
+        sum(v for k, v in self_us.items() if "linear" in k or k in ("aten::addmm", "aten::mm")) / n / 1000
+    )
+    top = sorted(self_us, key=self_us.__getitem__, reverse=True)[: args.top]
+    emit(
+        (
+            {
+                "context": len(lm.tokenizer(prompts[0])["input_ids"]),
+                "torch_threads": torch.get_num_threads(),
+                "step_ms_unprofiled": round(1000 * plain, 2),
+                "step_ms_profiled": round(step_us / n / 1000, 2),
+                "products_ms": round(products, 2),
+                "attend_kernel_ms": round(kernel, 2),
+                "other_ops_ms": round(ops_ms - products - kernel, 2),
+                "outside_ops_ms": round(step_us / n / 1000 - ops_ms, 2),
+                "steps": n,
+            }
+        ),
+        flush=True,
+    )
+    for key in top:
+        ms, count = self_us[key] / n / 1000, calls[key] / n
+        emit({"op": key, "self_ms_per_step": round(ms, 3), "calls_per_step": round(count, 1)})
+
+
+def cmd_prefill(args, lm) -> None:
+    """Prefill tokens per second of one `--prefix`-token prompt (no cached prefix), on the layer
+    path and, where the checkout has it, the fast path (packed weights), interleaved over rounds;
+    the two paths' K/V and last-position logits compared."""
+    import torch
+
+    from treesearch.common.config import RKSCConfig
+    from treesearch.common.stats import Stats
+    from treesearch.engine.local import Engine
+
+    eng = Engine(lm, RKSCConfig(kv_sharing="off"))
+    fwd = eng.forward
+    ids = lm.tokenizer(_words_prefix(args.prefix))["input_ids"]
+    paths = ["layers", "fast"] if hasattr(fwd, "fast_prefill") and fwd.decoder is not None else ["layers"]
+
+    def run(path):
+        if path != "layers" or hasattr(fwd, "fast_prefill"):
+            fwd.fast_prefill = path == "fast"
+        t0 = time.perf_counter()
+        batch, logits = fwd.prefill([[]], [ids], [0], extra=0, want_logits=True, charge=[Stats()])
+        return time.perf_counter() - t0, batch.row_kv(0, 0, len(ids)), logits
+
+    out = {p: run(p) for p in paths}  # warm-up, and the K/V compared
+    times: dict[str, list[float]] = {p: [] for p in paths}
+    for _ in range(args.repeats):
+        for p in paths:
+            times[p].append(run(p)[0])
+    row: dict = {"prompt_tokens": len(ids), "torch_threads": torch.get_num_threads()}
+    for p in paths:
+        row[f"{p}_tokens_per_s"] = round(len(ids) / statistics.median(times[p]), 1)
+    if len(paths) == 2:
+        row["fast/layers_speed"] = round(
+            statistics.median(times["layers"]) / statistics.median(times["fast"]), 2
+        )
+        row["kv_max_diff"] = float((out["fast"][1] - out["layers"][1]).abs().max())
+        row["logits_max_diff"] = float((out["fast"][2] - out["layers"][2]).abs().max())
+    emit(row)
+
+
+def cmd_solve(args, lm) -> None:
+    """One Game of 24 solve (`--puzzle`): its wall time, the time inside model forwards (where the
+    checkout counts it: `Forward.busy_s`) and the rest per forward call, the engine's own overhead."""
+    import torch
+
+    from treesearch.common.config import RKSCConfig
+    from treesearch.search.searcher import Searcher
+    from treesearch.tasks.game24 import Game24
+
+    s = Searcher(lm, Game24(), config=RKSCConfig(kv_sharing="exact"), progress=False)
+    t0 = time.perf_counter()
+    r = s.solve(args.puzzle)
+    wall = time.perf_counter() - t0
+    fwd = s.engine.forward
+    row = {
+        "puzzle": args.puzzle,
+        "answer": r.answer,
+        "wall_s": round(wall, 2),
+        "model_calls": r.stats["model_calls"],
+        "torch_threads": torch.get_num_threads(),
+    }
+    if hasattr(fwd, "busy_s"):
+        out = wall - fwd.busy_s
+        row.update(
+            {
+                "forward_s": round(fwd.busy_s, 2),
+                "forwards": fwd.forwards,
+                "outside_s": round(out, 2),
+                "outside_share": round(out / wall, 3),
+                "outside_per_forward_ms": round(1000 * out / max(1, fwd.forwards), 2),
+            }
+        )
+    emit(row)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["game24", "batch", "alloc", "asks", "decode", "compile"])
+    ap.add_argument(
+        "what",
+        choices=[
+            "game24",
+            "batch",
+            "alloc",
+            "asks",
+            "decode",
+            "compile",
+            "limit",
+            "profile",
+            "prefill",
+            "solve",
+        ],
+    )
     ap.add_argument("--puzzles", type=int, default=2)
     ap.add_argument("--start", type=int, default=900)
     ap.add_argument("--fraction", type=float, default=0.25, help="budget as a fraction of the unbounded peak")
@@ -625,9 +875,11 @@ def main(argv=None) -> None:
         dest="json_path",
         default=None,
         metavar="PATH",
-        help="decode: write the printed lines with the command, machine, date and commit (the docs' "
-        "benchmark pages read it)",
+        help="decode, limit, profile, prefill, solve: write the printed lines with the command, machine, "
+        "date and commit (the docs' benchmark pages read it)",
     )
+    ap.add_argument("--top", type=int, default=12, help="profile: ops listed")
+    ap.add_argument("--puzzle", default="1 1 4 6", help="solve: the Game of 24 input")
     args = ap.parse_args(argv)
     from treesearch.common.config import RKSCConfig
     from treesearch.models.load import load_model
@@ -650,6 +902,10 @@ def main(argv=None) -> None:
         "asks": cmd_asks,
         "decode": cmd_decode,
         "compile": cmd_compile,
+        "limit": cmd_limit,
+        "profile": cmd_profile,
+        "prefill": cmd_prefill,
+        "solve": cmd_solve,
     }[args.what](args, lm)
     if args.json_path:
         write_report(args.json_path, argv, recorded)

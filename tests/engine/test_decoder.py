@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.engine import decoder, runs_kernel
+from treesearch.engine import attend_kernel, decoder, runs_kernel
 from treesearch.engine.local import Engine
 from treesearch.models.load import tiny_model
 
@@ -77,8 +77,15 @@ def arch_lm(request, tiny_lm):
 
 
 def use_reader(reader: str, monkeypatch) -> None:
-    """How the step reads the runs rows read apart: the compiled kernel, or torch ops with the own
-    runs packed into one block or read in place row by row."""
+    """How the step reads its runs: the whole attention in the compiled step kernel
+    (`attend_kernel`), or torch ops with the runs rows read apart through the compiled runs
+    kernel, or with the own runs packed into one block or read in place row by row."""
+    if reader == "step-kernel":
+        if attend_kernel.load() is None:
+            pytest.skip(f"the attention kernel is {attend_kernel.reason()}")
+        monkeypatch.setattr(decoder, "ATTENTION", "kernel")
+        return
+    monkeypatch.setattr(decoder, "ATTENTION", "math")
     if reader == "kernel":
         if runs_kernel.load() is None:
             pytest.skip(f"the runs kernel is {runs_kernel.reason()}")
@@ -88,7 +95,7 @@ def use_reader(reader: str, monkeypatch) -> None:
         monkeypatch.setattr(decoder, "PACK_SINGLES_BYTES", 0)
 
 
-READERS = ["kernel", "packed", "in-place"]
+READERS = ["step-kernel", "kernel", "packed", "in-place"]
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -123,6 +130,9 @@ def test_rows_own_runs_of_different_lengths_join_one_softmax(tiny_lm, reader, mo
     cached = [base] + [base + o for o in own] + [base + o + m for o, m in zip(own, more)]
     out = decode_both(tiny_lm, prompts, cached, Sampling(max_new_tokens=6, ignore_eos=True))
     assert_same(out)
+    if reader == "step-kernel":  # no Plan: the kernel's table holds every run
+        assert not plans
+        return
     first = plans[-1]  # the last step of the prompts (every row still running)
     assert len(first.shared) == 1 and not first.parts
     if reader == "kernel":  # the same four runs a row, as table entries: (..., length) sorted by row
@@ -279,6 +289,7 @@ def test_under_a_cache_budget_rows_own_runs_are_read_in_place(tiny_lm, monkeypat
     """The packed block of own runs is a K/V copy the cache budget does not count, so an engine with
     a budget never makes it (its steps read every run in place); without one it does (torch ops; the
     compiled kernel never copies)."""
+    monkeypatch.setattr(decoder, "ATTENTION", "math")
     monkeypatch.setattr(decoder, "RUNS_KERNEL", False)
     base = words(16)
     prompts = [base + words(3 + b, b) + f" Row {b}:" for b in range(3)]
@@ -302,6 +313,7 @@ def test_with_two_threads_the_attention_runs_on_one_and_the_step_is_the_same(tin
     ops would each pay a fork/join) and the dense products on both; the count is restored after every
     layer, also when the attention raises; tokens are identical and logits within 1e-5 either way."""
     torch.set_num_threads(2)
+    monkeypatch.setattr(decoder, "ATTENTION", "math")  # the torch ops (the kernel has its own threads)
     seen: list[int] = []
     attend = decoder.Decoder._attend
 

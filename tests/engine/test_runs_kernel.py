@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.engine import decoder, runs_kernel
+from treesearch.engine import attend_kernel, decoder, runs_kernel
 from treesearch.engine.local import Engine
 from treesearch.engine.runs_kernel import RunTable
 
@@ -125,6 +125,7 @@ def generate(lm, prompts, base, budget=None):
 def test_under_a_budget_the_kernel_reads_the_runs_and_decodes_as_torch_ops_do(
     tiny_lm, kernel, monkeypatch, plans
 ):
+    monkeypatch.setattr(decoder, "ATTENTION", "math")  # the torch-op attention, whose runs this kernel reads
     base = " the cat sat on a mat" * 3
     prompts = [base + f" row {b} ran" * (b + 1) for b in range(3)]
     with_kernel = generate(tiny_lm, prompts, base, budget=10**9)
@@ -140,12 +141,14 @@ def test_under_a_budget_the_kernel_reads_the_runs_and_decodes_as_torch_ops_do(
 
 @pytest.mark.parametrize("setting", ["off", "no-compiler"])
 def test_without_the_kernel_the_step_reads_runs_with_torch_ops(tiny_lm, monkeypatch, setting, plans):
+    """Neither compiled kernel (the step's attention kernel nor this one): torch ops throughout."""
     monkeypatch.setattr(runs_kernel, "_state", {})
+    monkeypatch.setattr(attend_kernel, "_state", {})
     if setting == "off":
         monkeypatch.setenv("TREESEARCH_RUNS_KERNEL", "0")
     else:
         monkeypatch.setenv("CC", "false")  # a compiler that always fails
-    assert runs_kernel.load() is None
+    assert runs_kernel.load() is None and attend_kernel.load() is None
     assert runs_kernel.reason() == (
         "off: TREESEARCH_RUNS_KERNEL=0" if setting == "off" else "not available: false failed: "
     )

@@ -10,6 +10,10 @@ about 40 small ops per layer (views included) over weights packed once per model
   The packed weights are a second copy (the model's weight bytes again, held per model). Each
   RMSNorm's weight is folded into the projection after it, and the attention scale into q's rows.
 - RoPE as x cos + roll(x, d/2) sin', sin' = sin with its first half negated (rotate_half in one op).
+- Attention with `ATTENTION = "kernel"`: every run each row reads (cached prefix runs, shared or
+  its own, and the step's buffer) in one compiled call per layer on all the step's threads, split
+  into chunks merged by log-sum-exp (`treesearch.engine.attend_kernel`); the torch ops below are
+  the path where it cannot be built, and the default (see `ATTENTION`).
 - Attention ("math", `_attend_joint`): one softmax over each row's buffer and the cached runs every
   row reads, their scores side by side (K/V read in place). The runs a row reads apart from the
   others (its own, and runs only some rows read) are merged into it by the compiled kernel of
@@ -27,7 +31,8 @@ torch.compile was measured against this step and lost at every granularity tried
 q/k/v, full attention in every layer, float32, CPU); the RoPE base (Qwen2's 1e6) comes with the
 model's own rotary embedding, and tied or untied LM heads read `lm_head`. Any other model decodes
 through the transformers layers (`treesearch.engine.forward.Forward.layers`). Prefill and scoring
-always take the layer path; only the one-token decode step comes here.
+run the same packed products over a chunk of tokens per row (`layer_rows`), with the batch's own
+shared-prefix attention (`treesearch.cache.attention.BatchKV.attend`).
 """
 
 from __future__ import annotations
@@ -39,12 +44,18 @@ import torch
 import torch.nn.functional as F
 
 from treesearch.cache.attention import BatchKV
-from treesearch.engine import runs_kernel
+from treesearch.engine import attend_kernel, runs_kernel
+from treesearch.engine.attend_kernel import StepRuns
 from treesearch.engine.step_plan import Plan
 
 PACK_ROWS = 4  # oneDNN's batch-size hint for packing: 4 and 16 stream alike at 1..16 rows, 1 is slower
-# "math" (matmul, softmax with its log-normaliser, matmul) or "flash" (SDPA's CPU flash kernel): per
-# step in examples/measure_kv.py decode, flash was several times slower over a 1,000-token prefix.
+# "math" (matmul, softmax with its log-normaliser, matmul), "flash" (SDPA's CPU flash kernel: per
+# step in examples/measure_kv.py decode, several times slower over a 1,000-token prefix) or
+# "kernel": every run in one compiled call per layer on all threads (`treesearch.engine.attend_kernel`;
+# where it cannot be built, "math"). `measure_kv.py limit` times kernel and math side by side: on a
+# 2-core machine loaded ~9x over (the only one measured), 1,000-token context, one thread: 1 row
+# 1.01x math's time, 14 rows 1.18x; two threads 1.32x / 1.47x (its barriers wait on descheduled
+# threads). So "math" stays the default until a quiet machine says otherwise.
 ATTENTION = "math"
 # The runs each read by one row are copied side by side into one padded K/V block per step (two
 # matrix products per layer for all rows, not two per row and run) when that block takes at most
@@ -53,8 +64,9 @@ ATTENTION = "math"
 # time, and so are all runs under a cache budget (the copy is K/V memory the budget would not
 # count: `Forward.pack_own_runs`).
 PACK_SINGLES_BYTES = 8 << 20
-# The attention's small products each pay an intra-op fork/join: run them on one thread, the dense
-# products on all (2 cores, a 14-row step: 297 ms -> 127 ms; README, Running a test set).
+# ("math" and "flash") The attention's small products each pay an intra-op fork/join: run them on one
+# thread, the dense products on all (2 cores, a 14-row step: 297 ms -> 127 ms; README, Running a test
+# set). The "kernel" attention shares its work out over the threads itself.
 SERIAL_ATTENTION = True
 # The runs each row reads apart from the others (its own, and runs some rows read) through the
 # compiled kernel of `treesearch.engine.runs_kernel` where it builds: one call per layer instead of
@@ -198,15 +210,20 @@ class Decoder:
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         batch.valid[:, write_pos] = True
         t = write_pos + 1
+        fn = attend_kernel.load() if ATTENTION == "kernel" else None
+        runs = step_runs(batch, t) if fn is not None else None
+        if runs is not None:
+            return self._kernel_step(x, cos, sin, batch, write_pos, runs, fn)
         valid = batch.valid[:, :t]
         mask = (
             None
             if bool(valid.all())
             else torch.zeros(bsz, 1, 1, t).masked_fill_(~valid[:, None, None, :], float("-inf"))
         )
-        kernel = runs_kernel.load() if RUNS_KERNEL and ATTENTION == "math" else None
+        attention = "math" if ATTENTION == "kernel" else ATTENTION
+        kernel = runs_kernel.load() if RUNS_KERNEL and attention == "math" else None
         threads = torch.get_num_threads()
-        plan = Plan(batch, write_pos, mask, PACK_SINGLES_BYTES if pack else 0, ATTENTION, kernel, threads)
+        plan = Plan(batch, write_pos, mask, PACK_SINGLES_BYTES if pack else 0, attention, kernel, threads)
         serial = SERIAL_ATTENTION and threads > 1
         for i, lw in enumerate(self.layers):
             qkv = lw.qkv(self._norm(x))
@@ -220,6 +237,69 @@ class Decoder:
                 attn = self._attend(i, qkv, cos, sin, plan)
             x = self.dense(lw, attn, x)
         return self.head(self._norm(x))
+
+    def _kernel_step(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: BatchKV,
+        write_pos: int,
+        runs: StepRuns,
+        fn: Any,
+    ) -> torch.Tensor:
+        """The step with `attend_kernel`: per layer q/k/v, RoPE, the new K/V written into the
+        buffer, then one kernel call for the whole attention on all threads; -> logits [B, V]."""
+        bsz, d, heads, hkv = x.shape[0], self.head_dim, self.heads, self.kv_heads
+        threads = torch.get_num_threads()
+        k_new = batch.k[:, :, :, write_pos].unbind(0)  # L x [B, Hkv, d]
+        v_new = batch.v[:, :, :, write_pos].unbind(0)
+        out = x.new_empty(bsz, hkv, heads // hkv, d)  # each layer's attention, read before the next's
+        attn = out.view(bsz, heads * d)
+        qk_end = (heads + hkv) * d
+        for i, lw in enumerate(self.layers):
+            qkv = lw.qkv(self._norm(x))
+            qk = qkv[:, :qk_end].view(bsz, heads + hkv, d)
+            qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin)  # RoPE on q and k together
+            k_new[i].copy_(qk[:, heads:])
+            v_new[i].copy_(qkv[:, qk_end:].view(bsz, hkv, d))
+            runs.attend(fn, i, qk[:, :heads].view(bsz, hkv, heads // hkv, d), out, threads)
+            x = self.dense(lw, attn, x)
+        return self.head(self._norm(x))
+
+    def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin' (sin with its first half negated: rotate_half in one op) at positions pos
+        [B, n] -> [B, n, d] each, from the model's own rotary embedding."""
+        cos, sin = self.rotary(self.embed[:1], position_ids=pos)
+        half = self.head_dim // 2
+        return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+    @torch.no_grad()
+    def layer_rows(
+        self, layer: int, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: BatchKV
+    ) -> torch.Tensor:
+        """One decoder layer over a chunk of n tokens per row (prefill, scoring): the packed
+        products over all B n rows at once, RoPE, and the batch's own attention (its buffer,
+        causal, and the cached prefix runs, `BatchKV.attend`: the layer path's, so the K/V it
+        writes is where the layer path writes it). h [B, n, D] -> the layer's output [B, n, D]."""
+        bsz, n, dim = h.shape
+        d, heads, hkv = self.head_dim, self.heads, self.kv_heads
+        cos, sin = rope
+        lw = self.layers[layer]
+        x = h.reshape(bsz * n, dim)
+        qkv = lw.qkv(self._norm(x))  # [B n, (H + 2 Hkv) d]
+        qk_end = (heads + hkv) * d
+        qk = qkv[:, :qk_end].view(bsz, n, heads + hkv, d)
+        qk = torch.addcmul(qk * cos[:, :, None], qk.roll(d // 2, -1), sin[:, :, None])  # RoPE
+        q = qk[:, :, :heads].transpose(1, 2)  # [B, H, n, d], already scaled
+        k = qk[:, :, heads:].transpose(1, 2)  # [B, Hkv, n, d]
+        v = qkv[:, qk_end:].view(bsz, n, hkv, d).transpose(1, 2)
+        attn = batch.attend(layer, q, k, v, 1.0)  # [B, n, H, d]
+        return self.dense(lw, attn.reshape(bsz * n, heads * d), x).view(bsz, n, dim)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Next-token logits of hidden states [B, D] (the final norm and the LM head)."""
+        return self.head(self._norm(hidden))
 
     def dense(self, lw: Layer, attn: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """A layer's part after attention: output projection + residual, RMSNorm, gate/up, SiLU x
@@ -273,6 +353,39 @@ class Decoder:
                 lses.append(lp)
             out = _merge(torch.cat(outs), torch.cat(lses), plan.rid, lse)
         return out.reshape(bsz, heads * d)
+
+
+def step_runs(batch: BatchKV, t: int) -> StepRuns | None:
+    """Every run a step's rows read, for `attend_kernel`: the cached prefix runs (in the batch's
+    group order, each with its readers), then each row's valid stretches of the buffer up to t.
+    None when some run is not one the kernel reads (`StepRuns.fits`)."""
+    bsz = batch.batch
+    runs = StepRuns()
+    everyone = list(range(bsz))
+    for kv, used, rows in batch.groups:
+        k, v = kv[:, 0], kv[:, 1]  # [L, Hkv, n, d]
+        if not StepRuns.fits(k, v):
+            return None
+        runs.add(k, v, used, everyone if rows is None else rows.tolist())
+    valid = batch.valid[:, :t]
+    whole = bool(valid.all())
+    for b in range(bsz):
+        k, v = batch.k[:, b], batch.v[:, b]  # [L, Hkv, cap, d]
+        if not StepRuns.fits(k, v):
+            return None
+        if whole:
+            runs.add(k, v, t, [b])
+            continue
+        flags = valid[b].tolist()  # padding left by rows that finished: read the valid stretches
+        start = None
+        for j, ok in enumerate([*flags, False]):
+            if ok and start is None:
+                start = j
+            elif not ok and start is not None:
+                runs.add(k[:, :, start:], v[:, :, start:], j - start, [b])
+                start = None
+    runs.done()
+    return runs
 
 
 def _fold(q: torch.Tensor) -> torch.Tensor:

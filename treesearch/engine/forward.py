@@ -8,10 +8,12 @@ model_calls, prefill_tokens and decode_tokens.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from treesearch.cache.attention import BatchKV, Prefix
 from treesearch.common.config import Sampling
@@ -57,8 +59,11 @@ def sample(
 class Forward:
     """Runs a `LanguageModel`'s decoder over a batch of rows with shared-prefix attention.
 
-    fast_decode: decode steps through `treesearch.engine.decoder` (packed weights, fused kernels) where
-    the model qualifies; otherwise, and for prefill and scoring always, the transformers layers.
+    fast_decode: decode steps through `treesearch.engine.decoder` (packed weights, fused kernels)
+    where the model qualifies; otherwise the transformers layers (the reference the tests compare
+    against). fast_prefill (an attribute, False): prefill and scoring on that path too; off by
+    default until a quiet machine shows it pays (its K/V differs from the layer path's in the last
+    bits: the same sums in another order).
     pack_own_runs: that step may copy each row's own cached runs into one block per step (False
     under a cache budget, which bounds all K/V memory)."""
 
@@ -67,6 +72,11 @@ class Forward:
         self.eos_ids = eos_token_ids(lm.model, lm.tokenizer)
         self.decoder = decoder_for(lm.model) if fast_decode and qualifies(lm.model) else None
         self.pack_own_runs = pack_own_runs  # the fast step may copy rows' own runs into one block (no budget)
+        self.fast_prefill = False  # prefill and scoring through the decoder's packed layers (see above)
+        # seconds inside model forwards (prefill, scoring, decode steps) and their count: a call's
+        # wall time less these is the engine's own time (scheduling, planning, results)
+        self.busy_s = 0.0
+        self.forwards = 0
 
     def prefill(
         self,
@@ -87,7 +97,10 @@ class Forward:
         result: last-position logits [B, V] (want_logits), label probabilities (label_ids; see
         `layers`) or None. charge[b]: the Stats row b's work is counted in. capture: a list that receives
         each decoder layer's output [B, n, hidden]."""
+        t0 = time.perf_counter()
         lm = self.lm
+        if self.decoder is not None and self.decoder.stale(lm.model):  # a weight changed in place
+            self.decoder = decoder_for(lm.model)
         bsz = len(news)
         lens = [len(t) for t in news]
         nmax = max(lens)
@@ -117,6 +130,8 @@ class Forward:
             st.model_calls += 1
         for st, n in zip(charge, lens):
             st.prefill_tokens += n
+        self.busy_s += time.perf_counter() - t0
+        self.forwards += 1
         return batch, result
 
     def decode(
@@ -175,6 +190,7 @@ class Forward:
         self, batch: BatchKV, toks: list[int], positions: list[int], write_pos: int, charge: Sequence[Stats]
     ) -> torch.Tensor:
         """One decode step: each row's last token (absolute positions given) -> next-token logits [B, V]."""
+        t0 = time.perf_counter()
         if self.decoder is not None:
             logits = self.decoder.step(toks, positions, batch, write_pos, pack=self.pack_own_runs)
         else:
@@ -187,6 +203,8 @@ class Forward:
             st.model_calls += 1
         for st in charge:
             st.decode_tokens += 1
+        self.busy_s += time.perf_counter() - t0
+        self.forwards += 1
         return logits
 
     def finished(self, gen: list[int], sampling: Sampling) -> str | None:
@@ -224,14 +242,22 @@ class Forward:
         """
         model = self.lm.model
         base = model.model
-        h = base.embed_tokens(ids)
-        pe = base.rotary_emb(h, position_ids=pos)
+        fast = self.decoder if self.fast_prefill else None
+        if fast is not None:  # the packed layers (`Decoder.layer_rows`)
+            h = F.embedding(ids, fast.embed)
+            pe = fast.rope(pos)
+        else:
+            h = base.embed_tokens(ids)
+            pe = base.rotary_emb(h, position_ids=pos)
         rows = torch.arange(ids.shape[0], device=ids.device)
         last = last.to(ids.device)
         layers = base.layers
         per_row = False
         for i, layer in enumerate(layers):
-            h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe, ts_batch=batch)
+            if fast is not None:
+                h = fast.layer_rows(i, h, pe, batch)
+            else:
+                h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe, ts_batch=batch)
             if capture is not None:
                 capture.append(h)
             if exit_rule is not None and i < len(layers) - 1:
@@ -245,14 +271,17 @@ class Forward:
                     if keep is not None:  # rows that settled stop here; the others run on
                         idx = torch.tensor(keep, dtype=torch.long, device=h.device)
                         h, pos, last = h[idx], pos[idx], last[idx]
-                        pe = tuple(t[idx] for t in pe)
+                        pe = (pe[0][idx], pe[1][idx])
                         rows = torch.arange(len(keep), device=h.device)
                         batch.select(keep)
                 elif verdict:
                     return probs, i + 1
         if not want_logits:
             return None
-        logits = model.lm_head(base.norm(h[rows, last])).float()
+        if fast is not None:
+            logits = fast.logits(h[rows, last]).float()
+        else:
+            logits = model.lm_head(base.norm(h[rows, last])).float()
         if per_row:
             exits.finish(torch.softmax(logits, dim=-1), len(layers))
             return exits

@@ -155,40 +155,44 @@ def _flags() -> list[str]:
     return flags
 
 
-def _build() -> tuple[ctypes.CDLL, bool]:
-    """Compile SOURCE once per source and flags into the cache folder (atomically), then load it:
-    with OpenMP where the compiler has it (-fopenmp links libgomp, which torch's CPU builds load
-    already), else for one thread. -> (library, built with OpenMP)."""
+def build(source: str, stem: str, name: str, argtypes: list) -> tuple[ctypes.CDLL, bool]:
+    """Compile C source once per source and flags into the cache folder (atomically) as
+    `<stem>-<hash>.so`, then load it and type its function `name`: with OpenMP where the compiler
+    has it (-fopenmp links libgomp, which torch's CPU builds load already), else for one thread.
+    -> (library, built with OpenMP)."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise OSError("no C compiler found (set CC, or install gcc)")
     try:
-        return _compile(cc, [*_flags(), "-fopenmp"]), True
+        dll, openmp = _compile(cc, [*_flags(), "-fopenmp"], source, stem), True
     except OSError:
-        return _compile(cc, _flags()), False
+        dll, openmp = _compile(cc, _flags(), source, stem), False
+    fn = getattr(dll, name)
+    fn.argtypes = argtypes
+    fn.restype = ctypes.c_int
+    return dll, openmp
 
 
-def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
-    """SOURCE compiled with flags (cached by source, flags and compiler) and loaded."""
-    key = hashlib.sha256((SOURCE + " ".join(flags) + cc).encode()).hexdigest()[:16]
+def _compile(cc: str, flags: list[str], source: str, stem: str) -> ctypes.CDLL:
+    """source compiled with flags (cached by source, flags and compiler) and loaded."""
+    key = hashlib.sha256((source + " ".join(flags) + cc).encode()).hexdigest()[:16]
     folder = cache_dir() / "kernels"
-    lib = folder / f"runs-{key}.so"
+    lib = folder / f"{stem}-{key}.so"
     if not lib.exists():
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
-            src, out = Path(tmp) / "runs.c", Path(tmp) / "runs.so"
-            src.write_text(SOURCE)
+            src, out = Path(tmp) / f"{stem}.c", Path(tmp) / f"{stem}.so"
+            src.write_text(source)
             done = subprocess.run(
                 [cc, *flags, "-o", str(out), str(src), "-lm"], capture_output=True, text=True, timeout=120
             )
             if done.returncode != 0:
                 raise OSError(f"{cc} failed: {done.stderr.strip()[-300:]}")
             os.replace(out, lib)
-    dll = ctypes.CDLL(str(lib))
-    fn = dll.ts_attend_runs
-    fn.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64, _I64]
-    fn.restype = ctypes.c_int
-    return dll
+    return ctypes.CDLL(str(lib))
+
+
+_ARGS = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64, _I64]
 
 
 def load() -> Any:
@@ -199,7 +203,7 @@ def load() -> Any:
             _state["fn"], _state["reason"] = None, "off: TREESEARCH_RUNS_KERNEL=0"
         else:
             try:
-                dll, openmp = _build()
+                dll, openmp = build(SOURCE, "runs", "ts_attend_runs", _ARGS)
                 _state["fn"] = dll.ts_attend_runs
                 _state["reason"] = "compiled" if openmp else "compiled without OpenMP (one thread)"
             except (OSError, subprocess.SubprocessError) as e:
