@@ -305,3 +305,25 @@ def test_real_model_int8_game24_in_solve_many_equals_alone_and_repeats(real_int8
     ref = [searcher().solve(x) for x in puzzles]
     assert_same(ref, list(searcher().solve_many(puzzles, concurrency=3)))
     assert_same(ref, [searcher().solve(x) for x in puzzles])
+
+
+def test_bench_precisions_run_int8_first_and_compare_decisions_with_float32():
+    from treesearch.bench import precision
+
+    assert precision.parse("int8,float32") == ["float32", "int8"]
+    assert precision.run_order(["float32", "int8"]) == ["int8", "float32"]
+    with pytest.raises(ValueError, match="use one or more of float32, int8"):
+        precision.parse("int4")
+
+    def doc(wall, decisions):
+        mode = {"status": "ok", "wall_s": wall, "inputs_per_hour": 3600 / wall, "accuracy": 0.5}
+        return {"modes": {"exact": {**mode, "decisions": decisions, "decisions_total": len(decisions)}}}
+
+    cmp = precision.compare(
+        {"float32": doc(10.0, ["a", "b", "c", "d"]), "int8": doc(4.0, ["a", "b", "x", "d"])},
+        {"int8": 500.0, "float32": 900.0},
+    )
+    assert cmp["modes"]["exact"]["int8"]["agreement"] == 0.75
+    assert cmp["modes"]["exact"]["int8"]["x_vs_float32"] == 2.5
+    assert cmp["modes"]["exact"]["float32"]["agreement"] == 1.0
+    assert "| exact | int8 | 4.0 | 900 | 2.50 | 75% of 4 | 50% |" in precision.markdown(cmp)
