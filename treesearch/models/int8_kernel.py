@@ -110,6 +110,7 @@ static void NAME(const float *x, int64_t ldx, const int8_t *w, int64_t K, const 
         }                                                                                           \
 }
 
+TILE(tile_6x2, 6, 2)
 TILE(tile_4x2, 4, 2)
 TILE(tile_1x4, 1, 4)
 TILE(tile_4x1, 4, 1)
@@ -133,6 +134,13 @@ void ts_int8_linear(const float *x, int64_t ldx, int64_t rows, int64_t K, const 
     for (int64_t t = 0; t < tiles; t++) {
         int64_t n0 = t * NB, n1 = n0 + NB < N ? n0 + NB : N;
         int64_t r = 0;
+        for (; r + 6 <= rows; r += 6) {
+            int64_t n = n0;
+            for (; n + 2 <= n1; n += 2) tile_6x2(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+            for (; n < n1; n++) tile_4x1(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n),
+                                tile_1x1(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r + 4, n),
+                                tile_1x1(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r + 5, n);
+        }
         for (; r + 4 <= rows; r += 4) {
             int64_t n = n0;
             for (; n + 2 <= n1; n += 2) tile_4x2(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
