@@ -136,3 +136,11 @@ def test_make_test_makes_the_f32_gguf_and_the_f32_bench_needs_it(tmp_path):
     assert f32.index("scripts/gguf-f32") < f32.index("scripts/bench-llama-server f32")
     q4 = make_n("bench-llama-server", venv, f"LLAMA_CONVERT_DIR={conv}")
     assert "scripts/gguf-f32" not in q4 and "scripts/bench-llama-server q4_1" in q4
+
+
+def test_gguf_q8_runs_the_same_converter_at_q8_0_and_the_q8_0_bench_needs_it(tmp_path):
+    conv, venv = tmp_path / "conv", f"VENV={tmp_path / 'venv'}"
+    text = make_n("gguf-q8", venv, f"LLAMA_CONVERT_DIR={conv}")
+    assert f"scripts/gguf-f32 --converter {conv}/convert_hf_to_gguf.py --outtype q8_0" in text
+    q8 = make_n("bench-llama-server", "PRECISION=q8_0", venv, f"LLAMA_CONVERT_DIR={conv}")
+    assert q8.index("--outtype q8_0") < q8.index("scripts/bench-llama-server q8_0")

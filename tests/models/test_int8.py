@@ -297,14 +297,14 @@ def test_real_model_int8_exact_equals_off_and_the_fast_step_equals_its_layers(re
 def test_real_model_int8_game24_in_solve_many_equals_alone_and_repeats(real_int8):
     from treesearch.tasks import Game24
 
-    puzzles = ["4 5 6 10", "1 2 4 7", "3 3 8 8"]
+    puzzles = ["4 5 6 10", "1 2 4 7"]
 
     def searcher():
-        return Searcher(real_int8, Game24(), BFS(breadth=3), RKSCConfig(), progress=False)
+        return Searcher(real_int8, Game24(), BFS(breadth=2), RKSCConfig(), progress=False)
 
     ref = [searcher().solve(x) for x in puzzles]
-    assert_same(ref, list(searcher().solve_many(puzzles, concurrency=3)))
-    assert_same(ref, [searcher().solve(x) for x in puzzles])
+    assert_same(ref, list(searcher().solve_many(puzzles, concurrency=2)))
+    assert_same(ref[:1], [searcher().solve(puzzles[0])])
 
 
 def test_bench_precisions_run_int8_first_and_compare_decisions_with_float32():

@@ -333,8 +333,14 @@ def _converted_default_folder() -> Path:
 def default_f32_gguf_path() -> Path:
     """Where `make gguf-f32` (scripts/gguf-f32) writes the default model as a float32 GGUF made by
     llama.cpp's converter from the converted folder (named, like it, for the shipped file's size)."""
+    return default_gguf_path_as("f32")
+
+
+def default_gguf_path_as(outtype: str) -> Path:
+    """Where scripts/gguf-f32 writes the default model as a GGUF of llama.cpp's type outtype ("f32":
+    `make gguf-f32`, "q8_0": `make gguf-q8`)."""
     size = default_gguf_path().stat().st_size
-    return cache_dir() / "models" / "gguf" / f"{DEFAULT_MODEL_NAME}-{size}.f32.gguf"
+    return cache_dir() / "models" / "gguf" / f"{DEFAULT_MODEL_NAME}-{size}.{outtype}.gguf"
 
 
 def _converted_folder(gguf: Path, name: str) -> Path:
