@@ -327,3 +327,20 @@ def test_bench_precisions_run_int8_first_and_compare_decisions_with_float32():
     assert cmp["modes"]["exact"]["int8"]["x_vs_float32"] == 2.5
     assert cmp["modes"]["exact"]["float32"]["agreement"] == 1.0
     assert "| exact | int8 | 4.0 | 900 | 2.50 | 75% of 4 | 50% |" in precision.markdown(cmp)
+
+
+def test_an_early_exit_reads_the_labels_rows_of_the_int8_head(int8_lm):
+    """CGEE's per-layer label softmax (`Forward.label_probs`) takes the int8 head's rows of the
+    labels; a rule that never exits equals the full pass, one that exits at layer 2 runs 2 layers."""
+    judge = ["Is 2 + 2 = 4? Answer:", "Is the sky green? Answer:"]
+    full = Engine(int8_lm, RKSCConfig()).score(judge, LABELS)
+    never = Engine(int8_lm, RKSCConfig()).score(judge, LABELS, exit_rule=lambda layer, probs: False)
+    assert [s.layers_run for s in never] == [int8_lm.num_layers] * 2
+    assert all(abs(x.probs[k] - y.probs[k]) <= 1e-5 for x, y in zip(full, never) for k in LABELS)
+    early = Engine(int8_lm, RKSCConfig()).score(
+        judge, LABELS, exit_rule=lambda layer, probs: torch.tensor([layer >= 2] * probs.shape[0])
+    )
+    assert [s.layers_run for s in early] == [2] * 2
+    head = int8_lm.model.lm_head
+    idx = torch.tensor([3, 7])
+    assert torch.equal(head.weight_rows(idx), head.qweight[idx].float() * head.scale[idx, None])

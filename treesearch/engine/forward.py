@@ -265,7 +265,8 @@ class Forward:
         vocabulary (a full head per layer would cost more than the layer itself)."""
         head = self.lm.model.lm_head
         idx = torch.as_tensor(label_ids, device=hidden.device)
-        logits = hidden @ head.weight.index_select(0, idx).T
+        rows = head.weight_rows(idx) if hasattr(head, "weight_rows") else head.weight.index_select(0, idx)
+        logits = hidden @ rows.T
         if getattr(head, "bias", None) is not None:
             logits = logits + head.bias.index_select(0, idx)
         return torch.softmax(logits.float(), dim=-1)

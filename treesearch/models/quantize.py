@@ -56,6 +56,10 @@ class Int8Linear(nn.Module):
         y = int8_kernel.linear(x.reshape(-1, shape[-1]), self.qweight, self.scale, self.bias)
         return y.view(*shape[:-1], self.out_features).to(x.dtype)
 
+    def weight_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """Rows idx of W s as float32 (a few output channels, e.g. the labels' rows of an LM head)."""
+        return int8_kernel.rows(idx, self.qweight, self.scale)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
