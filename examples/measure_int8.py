@@ -1,6 +1,7 @@
 """Decode step time and greedy agreement of int8 weights against float32, in one process.
 
     python examples/measure_int8.py [--model NAME] [--rows 1 4 16] [--steps 24] [--threads 2]
+    python examples/measure_int8.py --kernels [--rows 1 4 16] [--threads 1]   # the product candidates
 
 Loads the model at both precisions, then for each batch size generates the same greedy rows
 through the fast decode step at float32 and at int8 in turn (interleaved rounds, so a busy
@@ -62,6 +63,67 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     return same / total if total else 1.0
 
 
+SHAPES_05B = [(896, 4864 * 2), (4864, 896), (896, 1152), (896, 896)]  # (in, out): gate/up, down, qkv, o
+
+
+def best_ms(fn, reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best * 1e3
+
+
+def _candidates(x, w, q, s, sb, qt, packed, rows: int) -> dict:
+    """The products compared, each a call of no arguments over one layer's operands."""
+    import torch
+    import torch.nn.functional as F
+
+    from treesearch.models import int8_kernel
+
+    def int_mm():  # int8 x int8 -> int32 (oneDNN) needs more than 16 rows: padded to 17
+        xs = x.abs().amax(1, keepdim=True) / 127
+        xq = torch.round(x / xs).to(torch.int8)
+        pad = xq.new_zeros(max(0, 17 - rows), x.shape[1])
+        return torch._int_mm(torch.cat([xq, pad]), qt)[:rows].float() * xs * s
+
+    return {
+        "float32 oneDNN packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
+        "float32 F.linear": lambda: F.linear(x, w),
+        "int8 kernel": lambda: int8_kernel.linear(x, q, s),
+        "_weight_int8pack_mm bf16": lambda: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), q, sb),
+        "_int_mm per-row int8": int_mm,
+    }
+
+
+def kernels(rows_list: list[int]) -> None:
+    """The Qwen2.5-Coder-0.5B's linear layers summed, per candidate product, as ratios to float32
+    packed for oneDNN (what the fast decode step runs): one JSON line per batch size."""
+    import torch
+
+    from treesearch.models import quantize
+
+    for rows in rows_list:
+        ms: dict[str, float] = {}
+        for k, n in SHAPES_05B:
+            w = torch.randn(n, k)
+            q, s = quantize.quantize_rows(w)
+            x, qt, sb = torch.randn(rows, k), q.t().contiguous(), s.bfloat16()
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)
+
+            candidates = _candidates(x, w, q, s, sb, qt, packed, rows)
+            for name, fn in candidates.items():
+                ms[name] = ms.get(name, 0.0) + best_ms(fn, 2 if "_int_mm" in name else 10)
+        base = ms["float32 oneDNN packed"]
+        print(
+            json.dumps({"rows": rows, **{k: f"{v:.2f} ms ({base / v:.2f}x)" for k, v in ms.items()}}),
+            flush=True,
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
@@ -69,6 +131,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--kernels", action="store_true", help="time the candidate products instead")
     args = ap.parse_args()
     import torch
 
@@ -77,6 +140,10 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.kernels:
+        print(json.dumps({"int8_kernel": int8_kernel.reason(), "threads": torch.get_num_threads()}))
+        kernels(args.rows)
+        return
     lms = {q: load_model(args.model, quantization=q) for q in ("float32", "int8")}
     print(
         json.dumps(
