@@ -47,11 +47,15 @@ LLAMA_SERVER := $(LLAMA_SERVER_DIR)/llama-server
 LLAMA_CONVERT_DIR ?= $(HOME)/.cache/treesearch/llama-convert/$(shell printf '%s' '$(LLAMA_CPP)' | md5sum | cut -c1-12)
 LLAMA_CONVERTER := $(LLAMA_CONVERT_DIR)/convert_hf_to_gguf.py
 
+# The default model as a Q8_0 GGUF (int8 in blocks of 32, one scale each), made by the same converter
+# (--outtype q8_0) from the same folder: llama-server at the precision of our engine's int8 weights.
+
 # llama-server beside our engine in one bench run (scripts/bench-llama-server): PRECISION=q4_1 serves
-# the shipped GGUF, PRECISION=f32 the file of `make gguf-f32`; BENCH_ARGS replaces the bench's arguments.
+# the shipped GGUF, PRECISION=f32 the file of `make gguf-f32`, PRECISION=q8_0 the file of `make gguf-q8`
+# (our engine then runs --quantization int8); BENCH_ARGS replaces the bench's arguments.
 PRECISION ?= q4_1
 
-.PHONY: setup demo test docs bench clean models test-model llama-server gguf-f32 bench-llama-server
+.PHONY: setup demo test docs bench clean models test-model llama-server gguf-f32 gguf-q8 bench-llama-server
 setup: $(VENV)/.treesearch-installed
 
 $(VENV)/.treesearch-installed: pyproject.toml
@@ -112,6 +116,9 @@ $(LLAMA_SERVER):
 gguf-f32: setup $(LLAMA_CONVERTER)
 	$(PY) scripts/gguf-f32 --converter $(LLAMA_CONVERTER)
 
+gguf-q8: setup $(LLAMA_CONVERTER)
+	$(PY) scripts/gguf-f32 --converter $(LLAMA_CONVERTER) --outtype q8_0
+
 $(LLAMA_CONVERTER):
 	@echo "gguf-f32: downloading the llama-cpp-python$(LLAMA_CPP) source archive for convert_hf_to_gguf.py"
 	rm -rf $(LLAMA_CONVERT_DIR)/src && mkdir -p $(LLAMA_CONVERT_DIR)/src
@@ -125,7 +132,7 @@ $(LLAMA_CONVERTER):
 	mv $(LLAMA_CONVERT_DIR)/src/llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py $@
 	rm -rf $(LLAMA_CONVERT_DIR)/src
 
-bench-llama-server: setup llama-server $(if $(filter f32,$(PRECISION)),gguf-f32)
+bench-llama-server: setup llama-server $(if $(filter f32,$(PRECISION)),gguf-f32) $(if $(filter q8_0,$(PRECISION)),gguf-q8)
 	PY=$(abspath $(PY)) scripts/bench-llama-server $(PRECISION) $(BENCH_ARGS)
 
 demo: setup

@@ -154,3 +154,11 @@ def test_make_docs_installs_the_docs_extra_and_builds_the_site(tmp_path):
     text = make_n("docs", f"VENV={tmp_path / 'venv'}")
     assert f"{py} -m pip install -q -e '.[docs]'" in text
     assert f"{py} -m mkdocs build --strict --site-dir site" in text
+
+
+def test_gguf_q8_runs_the_same_converter_at_q8_0_and_the_q8_0_bench_needs_it(tmp_path):
+    conv, venv = tmp_path / "conv", f"VENV={tmp_path / 'venv'}"
+    text = make_n("gguf-q8", venv, f"LLAMA_CONVERT_DIR={conv}")
+    assert f"scripts/gguf-f32 --converter {conv}/convert_hf_to_gguf.py --outtype q8_0" in text
+    q8 = make_n("bench-llama-server", "PRECISION=q8_0", venv, f"LLAMA_CONVERT_DIR={conv}")
+    assert q8.index("--outtype q8_0") < q8.index("scripts/bench-llama-server q8_0")

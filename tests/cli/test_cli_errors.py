@@ -107,6 +107,23 @@ ERRORS = [
         "argument workload: invalid choice: 'chess' (choose from 'game24', 'branch', 'tree', "
         "'paraphrase'); see treesearch bench --help",
     ),
+    (
+        ["solve", "game24", "4 5 6 10", "--quantization", "int4"],
+        "argument --quantization: invalid choice: 'int4' (choose from 'float32', 'int8'); "
+        "see treesearch solve --help",
+    ),
+    (
+        ["solve", "game24", "4 5 6 10", "--quantization", "int8", "--device", "cuda"],
+        "--quantization int8 runs on the CPU only, not on cuda; use float32 there",
+    ),
+    (
+        ["run", "game24", "--quantization", "int8", "--dtype", "bfloat16"],
+        "--quantization int8 computes in float32: drop --dtype bfloat16",
+    ),
+    (
+        ["bench", "game24", "--quantization", "float32,int4"],
+        "--quantization 'float32,int4': use one or more of float32, int8, comma-separated",
+    ),
 ]
 
 

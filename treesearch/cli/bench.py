@@ -92,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
         "model folder or id (default: embedded SmolLM2-135M-Instruct; "
         "'tiny' = random test model; 'dummy:NAME' = random weights of a real shape, fixed lengths, "
         "e.g. dummy:llama-3.1-8b)",
+        quantization=False,
+    )
+    p.add_argument(
+        "--quantization",
+        default="float32",
+        metavar="P[,Q]",
+        help="weight precision(s): float32 (default), int8, or float32,int8 to run both side by side "
+        "(int8's decision agreement with float32, speed ratios, peak memory)",
     )
     p.add_argument("--branches", type=int, default=8, help="branch: branches per question (default 8)")
     add_seed_flag(p)
@@ -229,6 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         raise UsageError("--repeat must be at least 1")
     start, end = parse_range(args.rows, args.workload)
+    from treesearch.bench import precision
+
+    try:
+        args.precisions = precision.parse(args.quantization)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
     from treesearch.bench.results import FIXED_LENGTH_NOTE
     from treesearch.bench.workloads import make_workload
@@ -265,9 +279,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: int) -> int:
-    from treesearch.bench import report
-    from treesearch.bench.runner import run_all, total_ticks
-    from treesearch.models.load import load_model
+    """The workload at each --quantization precision (one: as before; several: each one's tables,
+    then `treesearch.bench.precision`'s side-by-side table)."""
+    import gc
+
+    from treesearch.bench import precision
 
     server = None
     if "server" in names:  # before the model loads: a missing URL or a dead server fails at once
@@ -277,7 +293,30 @@ def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: 
     from treesearch.common.provenance import record
 
     recorded = record()  # the load average before the model loads and the run adds its own
-    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    if len(args.precisions) == 1:
+        return _run_one(args, names, workload, start, end, args.precisions[0], server, recorded, write=True)
+    docs, peaks = {}, {}
+    for prec in precision.run_order(args.precisions):
+        print(f"\n## --quantization {prec}\n")
+        docs[prec] = _run_one(args, names, workload, start, end, prec, server, recorded, write=False)
+        gc.collect()
+        peaks[prec] = precision.peak_rss_mb()
+    cmp = precision.compare({p: docs[p] for p in args.precisions}, peaks)
+    print("\n" + precision.markdown(cmp))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"precisions": docs, "comparison": cmp}, indent=1))
+        print(f"\nwrote {args.json_path}")
+    return 0
+
+
+def _run_one(args, names, workload, start, end, quantization, server, recorded: dict, *, write: bool):
+    """One precision's runs: its tables printed; with write, the JSON and plot written and 0
+    returned, else its JSON document."""
+    from treesearch.bench import report
+    from treesearch.bench.runner import run_all, total_ticks
+    from treesearch.models.load import load_model
+
+    lm = load_model(args.model, device=args.device, dtype=args.dtype, quantization=quantization)
     bar = None
     if not args.no_progress:
         from tqdm.auto import tqdm
@@ -307,6 +346,7 @@ def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: 
         "model": lm.name,
         "device": str(lm.device),
         "dtype": str(lm.dtype).replace("torch.", ""),
+        "quantization": quantization,
         "repeat": args.repeat,
         "seed": args.seed,
         "command": "treesearch bench " + shlex.join(args.argv),
@@ -317,6 +357,8 @@ def _run(args: argparse.Namespace, names: list[str], workload, start: int, end: 
     }
     doc = report.build(runs, meta)
     print(report.markdown(doc))
+    if not write:
+        return doc
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(doc, indent=1))
         print(f"\nwrote {args.json_path}")

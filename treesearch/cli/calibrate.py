@@ -36,7 +36,13 @@ BENCH_ROWS = (900, 1000)  # the Game of 24 rows the benchmark measures: never ca
 
 def build_parser() -> argparse.ArgumentParser:
     from treesearch.calibrate import cgee_fit
-    from treesearch.cli.flags import add_model_flag, add_task_flag, add_threads_flag, range_type
+    from treesearch.cli.flags import (
+        add_model_flag,
+        add_quantization_flag,
+        add_task_flag,
+        add_threads_flag,
+        range_type,
+    )
     from treesearch.cli.parser import ArgumentParser
 
     rows = range_type("800:810")
@@ -58,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="held-out rows to measure on (default: none, no held-out check)",
     )
     add_model_flag(p)
+    add_quantization_flag(p)
     p.add_argument(
         "--proposer",
         default="model",
@@ -157,7 +164,7 @@ def _load_or_collect(args, path, rng, state, skip_prompts=(), checkpoint=None) -
             import torch
 
             torch.set_num_threads(args.threads)
-        state["lm"] = load_model(args.model)
+        state["lm"] = load_model(args.model, quantization=args.quantization)
     return _collect(args, state["lm"], rng, skip_prompts, checkpoint)
 
 

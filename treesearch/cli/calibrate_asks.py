@@ -27,7 +27,7 @@ from treesearch.policies.asks_calibration import TARGET, decide, gate_path
 def build_parser() -> argparse.ArgumentParser:
     """The arguments of `treesearch bench calibrate-asks`."""
     from treesearch.calibrate import asks_fit
-    from treesearch.cli.flags import add_model_flag, add_threads_flag, range_type
+    from treesearch.cli.flags import add_model_flag, add_quantization_flag, add_threads_flag, range_type
     from treesearch.cli.parser import ArgumentParser
 
     rows = range_type("1000:1045")
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer-change rate of attached rows to bound (95%% Wilson upper; default 0.05)",
     )
     add_model_flag(p)
+    add_quantization_flag(p)
     p.add_argument(
         "--max-new-tokens", type=int, default=None, metavar="N", help="reasoning tokens (default 32)"
     )
@@ -108,7 +109,7 @@ def main(argv: list[str]) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        lm = load_model(args.model)
+        lm = load_model(args.model, quantization=args.quantization)
         model, command = lm.name, "treesearch bench calibrate-asks " + " ".join(argv)
         (ca, cb), (ha, hb) = args.calib, args.held
         calib, cmeta = collect(lm, ca, cb, args.wordings, args.max_new_tokens, _log)

@@ -45,11 +45,32 @@ def add_model_flag(p: argparse.ArgumentParser, model_help: str = MODEL_HELP) -> 
     )
 
 
-def add_model_flags(p: argparse.ArgumentParser, model_help: str = MODEL_HELP) -> None:
-    """--model, --device and --dtype: which model runs where."""
+QUANTIZATION_CHOICES = (
+    "float32",
+    "int8",
+)  # `treesearch.models.quantize.QUANTIZATIONS` (not imported: no torch)
+
+
+def add_model_flags(
+    p: argparse.ArgumentParser, model_help: str = MODEL_HELP, *, quantization: bool = True
+) -> None:
+    """--model, --device, --dtype and --quantization: which model runs where, at which precision."""
     add_model_flag(p, model_help)
     p.add_argument("--device", default=None, help="torch device, e.g. cuda (default: cpu)")
     p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+    if quantization:
+        add_quantization_flag(p)
+
+
+def add_quantization_flag(p: argparse.ArgumentParser) -> None:
+    """--quantization: the weights' precision (int8: Llama and Qwen2 on the CPU; docs/guide/precision.md)."""
+    p.add_argument(
+        "--quantization",
+        default="float32",
+        choices=QUANTIZATION_CHOICES,
+        help="weight precision: float32 (default) or int8 (a quarter of the weight bytes; Llama and "
+        "Qwen2 models on the CPU; converted once and cached)",
+    )
 
 
 def add_threads_flag(p: argparse.ArgumentParser) -> None:

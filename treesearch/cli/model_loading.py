@@ -13,12 +13,13 @@ from treesearch.common.errors import UsageError
 
 
 def load_model_or_fail(args: argparse.Namespace) -> Any:
-    """The model of --model / --device / --dtype, or a UsageError in one line when transformers
-    or torch refuse it (a folder that holds no usable model, an unknown device)."""
+    """The model of --model / --device / --dtype / --quantization, or a UsageError in one line when
+    transformers or torch refuse it (a folder that holds no usable model, an unknown device)."""
     from treesearch.models.load import load_model
 
     try:
-        return load_model(args.model, device=args.device, dtype=args.dtype)
+        quantization = getattr(args, "quantization", None) or "float32"
+        return load_model(args.model, device=args.device, dtype=args.dtype, quantization=quantization)
     except (OSError, ValueError, RuntimeError) as exc:
         which = args.model or "the default model"
         raise UsageError(

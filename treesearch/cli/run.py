@@ -163,6 +163,10 @@ def check_workers(args: argparse.Namespace) -> None:
             if getattr(args, dest) is not None:
                 raise UsageError(f"{flag_name(dest)} needs --workers N")
         return
+    if args.quantization != "float32":
+        raise UsageError(
+            f"--quantization {args.quantization} is not passed to --workers yet; run without --workers"
+        )
     if args.backend == "server":
         raise UsageError(
             "--workers runs a local model in every worker; leave out --backend server (a server "

@@ -47,6 +47,8 @@ from treesearch.cache.attention import BatchKV
 from treesearch.engine import attend_kernel, runs_kernel
 from treesearch.engine.attend_kernel import StepRuns
 from treesearch.engine.step_plan import Plan
+from treesearch.models import int8_kernel
+from treesearch.models.quantize import Int8Linear, is_quantized
 
 PACK_ROWS = 4  # oneDNN's batch-size hint for packing: 4 and 16 stream alike at 1..16 rows, 1 is slower
 # "math" (matmul, softmax with its log-normaliser, matmul), "flash" (SDPA's CPU flash kernel: per
@@ -93,6 +95,8 @@ def qualifies(model: Any) -> bool:
             for m in (att.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         ):
             return False
+    if is_quantized(model):  # int8 weights (`treesearch.models.quantize`): CPU and float32 activations
+        return isinstance(model.lm_head, Int8Linear) and model.lm_head.bias is None
     w = model.lm_head.weight
     return (
         w.dtype == torch.float32 and w.device.type == "cpu" and getattr(model.lm_head, "bias", None) is None
@@ -114,27 +118,54 @@ def _weights_version(model: Any) -> int:
 
 
 class Linear:
-    """y = x W^T (+ b) (+ other): W packed for oneDNN when torch has it, else a plain tensor."""
+    """y = x W^T (+ b) (+ other). float32 W: packed for oneDNN when torch has it, else a plain
+    tensor. int8 W (with its scale per output channel, `treesearch.models.quantize`): multiplied by
+    the int8 kernel (`treesearch.models.int8_kernel`) over the model's own int8 storage (no copy);
+    in_scale: a vector each input row is multiplied by first (the RMSNorm weight that float32
+    folds into W's columns, which int8 cannot without quantizing a second copy)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        w = weight.detach().contiguous()
-        self.out_features = w.shape[0]
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        scale: torch.Tensor | None = None,
+        in_scale: torch.Tensor | None = None,
+    ) -> None:
+        self.out_features = weight.shape[0]
         self.bias = None if bias is None else bias.detach().contiguous()
+        self.int8 = weight.dtype == torch.int8
+        if self.int8:
+            if scale is None:
+                raise ValueError("an int8 weight needs its scale per output channel")
+            self.w, self.scale, self.in_scale = weight, scale, in_scale
+            self.mkldnn = False
+            return
+        w = weight.detach().contiguous()
+        if in_scale is not None:
+            w = w * in_scale
         self.mkldnn = torch.backends.mkldnn.is_available()
         self.w = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) if self.mkldnn else w
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8:
+            return int8_kernel.linear(self._scaled(x), self.w, self.scale, self.bias)
         if self.mkldnn:
             return torch.ops.mkldnn._linear_pointwise(x, self.w, self.bias, "none", [], "")
         return F.linear(x, self.w, self.bias)
 
     def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """other + x W^T (+ b) in one kernel (the residual connection)."""
+        if self.int8:
+            return int8_kernel.linear(self._scaled(x), self.w, self.scale, self.bias, other)
         if self.mkldnn:
             return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.w, self.bias, "add")
         if self.bias is not None:
             return torch.addmm(other + self.bias, x, self.w.t())
         return torch.addmm(other, x, self.w.t())
+
+    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.in_scale is None else x * self.in_scale
 
 
 class Layer:
@@ -143,6 +174,9 @@ class Layer:
 
     def __init__(self, layer: Any) -> None:
         att, mlp = layer.self_attn, layer.mlp
+        if hasattr(layer, "int8"):
+            self._int8(layer)
+            return
         # each RMSNorm's weight is folded into the columns of the projections it feeds ((x w) W^T =
         # x (W diag w)^T), and q's rows carry the attention scale (RoPE is linear, so scaling before
         # it is the same; for head_dim 64 the scale is 1/8, a power of two, exact in float32); q's
@@ -166,6 +200,25 @@ class Layer:
         self.down = Linear(mlp.down_proj.weight)
         self.inter = mlp.gate_proj.weight.shape[0]
 
+    def _int8(self, layer: Any) -> None:
+        """The int8 layer (`treesearch.models.quantize.Int8Layer`): the fused q/k/v and gate/up
+        int8 matrices shared with the model's modules; the attention scale goes into q's channel
+        scales (and bias), the norms' weights are applied to the input (`Linear.in_scale`)."""
+        att, mlp, packed = layer.self_attn, layer.mlp, layer.int8
+        nq = att.q_proj.out_features
+        scale = packed.qkv_scale.clone()
+        scale[:nq] *= att.scaling
+        bias = None
+        if att.q_proj.bias is not None:
+            bias = torch.cat([att.q_proj.bias * att.scaling, att.k_proj.bias, att.v_proj.bias])
+        ln1 = layer.input_layernorm.weight.detach()
+        ln2 = layer.post_attention_layernorm.weight.detach()
+        self.qkv = Linear(packed.qkv, bias, scale=scale, in_scale=ln1)
+        self.o = Linear(att.o_proj.qweight, scale=att.o_proj.scale)
+        self.gate_up = Linear(packed.gate_up, scale=packed.gate_up_scale, in_scale=ln2)
+        self.down = Linear(mlp.down_proj.qweight, scale=mlp.down_proj.scale)
+        self.inter = mlp.gate_proj.out_features
+
 
 class Decoder:
     """One decode step (one new token per row) of a qualifying model over a `BatchKV`."""
@@ -183,10 +236,15 @@ class Decoder:
         self.eps = cfg.rms_norm_eps
         self.hidden = cfg.hidden_size
         self.rotary = base.rotary_emb
-        self.embed = base.embed_tokens.weight.detach()
-        self.head = Linear(
-            model.lm_head.weight * base.norm.weight.detach()
-        )  # the final norm's weight folded in
+        norm = base.norm.weight.detach()
+        if is_quantized(model):  # the int8 table (shared with the head when tied): rows made per lookup
+            emb, head = base.embed_tokens, model.lm_head
+            self.embed = emb.forward
+            self.head = Linear(head.qweight, scale=head.scale, in_scale=norm)
+        else:
+            weight = base.embed_tokens.weight.detach()
+            self.embed = lambda ids: F.embedding(ids, weight)  # token ids -> rows
+            self.head = Linear(model.lm_head.weight, in_scale=norm)  # the final norm's weight folded in
         self.layers = [Layer(layer) for layer in base.layers]
         self.version = _weights_version(model)
 
@@ -203,7 +261,7 @@ class Decoder:
         block for the step (up to PACK_SINGLES_BYTES); False under a cache budget, which bounds
         all K/V memory and does not count that copy."""
         bsz, d = len(toks), self.head_dim
-        x = F.embedding(torch.tensor(toks), self.embed)  # [B, D]
+        x = self.embed(torch.tensor(toks))  # [B, D]
         pos = torch.tensor(positions)[:, None]  # [B, 1]
         cos, sin = self.rotary(x[:, None], position_ids=pos)  # [B, 1, d] each
         half = d // 2
@@ -270,7 +328,7 @@ class Decoder:
     def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin' (sin with its first half negated: rotate_half in one op) at positions pos
         [B, n] -> [B, n, d] each, from the model's own rotary embedding."""
-        cos, sin = self.rotary(self.embed[:1], position_ids=pos)
+        cos, sin = self.rotary(torch.zeros(1, dtype=torch.float32), position_ids=pos)  # dtype, device only
         half = self.head_dim // 2
         return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 

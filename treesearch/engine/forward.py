@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from treesearch.cache.attention import BatchKV, Prefix
 from treesearch.common.config import Sampling
@@ -244,7 +243,7 @@ class Forward:
         base = model.model
         fast = self.decoder if self.fast_prefill else None
         if fast is not None:  # the packed layers (`Decoder.layer_rows`)
-            h = F.embedding(ids, fast.embed)
+            h = fast.embed(ids)
             pe = fast.rope(pos)
         else:
             h = base.embed_tokens(ids)
@@ -294,7 +293,8 @@ class Forward:
         vocabulary (a full head per layer would cost more than the layer itself)."""
         head = self.lm.model.lm_head
         idx = torch.as_tensor(label_ids, device=hidden.device)
-        logits = hidden @ head.weight.index_select(0, idx).T
+        rows = head.weight_rows(idx) if hasattr(head, "weight_rows") else head.weight.index_select(0, idx)
+        logits = hidden @ rows.T
         if getattr(head, "bias", None) is not None:
             logits = logits + head.bias.index_select(0, idx)
         return torch.softmax(logits.float(), dim=-1)

@@ -14,9 +14,11 @@ unless offline (`treesearch.models.hub`).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -61,36 +63,73 @@ def default_gguf_path() -> Path:
     return path
 
 
-def load_model(name: str | None = None, device: str | None = None, dtype: Any = None) -> LanguageModel:
+def load_model(
+    name: str | None = None, device: str | None = None, dtype: Any = None, quantization: str = "float32"
+) -> LanguageModel:
     """Load a causal LM for search.
 
     name: None for the embedded default (SmolLM2-135M-Instruct), "tiny" for a tiny random model
     ("tiny-qwen2": a tiny random Qwen2), a known model's name once installed
     (`treesearch.models.install.KNOWN`, e.g. "qwen2.5-coder-0.5b"), "dummy:NAME" for random weights
     of a real shape (`treesearch.models.dummy.known_names()`; timing only), or a Hugging Face model
-    folder / hub id. device defaults to "cpu", dtype to float32.
+    folder / hub id. device defaults to "cpu", dtype to float32. quantization "int8": every linear
+    layer and the embedding as int8 (`treesearch.models.quantize`; Llama and Qwen2 on the CPU),
+    converted once and cached on disk beside the float32 folder.
     """
     for hook in list(LOAD_HOOKS):
         hook(name)
+    check_quantization(quantization)
     bounded_openmp_wait()  # before torch loads (`treesearch.common.threads`)
     check_model(name)
     dtype = resolve_dtype(dtype)
     device = device or "cpu"
+    int8 = quantization == "int8"
+    if int8:
+        _check_int8_target(device, dtype)
     if name in ("tiny", TINY_QWEN2):
-        return tiny_model(device=device, dtype=dtype, arch="qwen2" if name == TINY_QWEN2 else "llama")
+        lm = tiny_model(device=device, dtype=dtype, arch="qwen2" if name == TINY_QWEN2 else "llama")
+        return _quantized_in_place(lm) if int8 else lm
     from treesearch.models import dummy
 
     if dummy.is_dummy(name):
-        return dummy.dummy_model(name, device=device, dtype=dtype)
+        lm = dummy.dummy_model(name, device=device, dtype=dtype)
+        return _quantized_in_place(lm) if int8 else lm
+    load = _from_int8_folder if int8 else _from_folder
     if name is None or name == DEFAULT_MODEL_NAME:
         folder = _converted_default_folder()
-        lm = _from_folder(folder, DEFAULT_MODEL_NAME, device, dtype)
+        lm = load(folder, DEFAULT_MODEL_NAME, device, dtype)
     elif (known := registry.known(name)) is not None:
         folder = _converted_folder(registry.installed_path(name), name)
-        lm = _from_folder(folder, name, device, dtype)
+        lm = load(folder, name, device, dtype)
         add_end_tokens(lm, known.end_tokens)
     else:
-        lm = _from_folder(name, name, device, dtype)
+        lm = load(name, name, device, dtype)
+    return lm
+
+
+def check_quantization(quantization: str) -> None:
+    """Raise ValueError naming the choices when quantization is not one of them."""
+    from treesearch.models.quantize import QUANTIZATIONS
+
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; use one of: {', '.join(QUANTIZATIONS)}")
+
+
+def _check_int8_target(device: str, dtype: Any) -> None:
+    """int8 runs float32 activations on the CPU: refuse another device or dtype in one line."""
+    import torch
+
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"int8 runs on the CPU only, not on {device}; use --quantization float32 there")
+    if dtype != torch.float32:
+        raise ValueError(f"int8 computes in float32, not {dtype}; drop --dtype or use --quantization float32")
+
+
+def _quantized_in_place(lm: LanguageModel) -> LanguageModel:
+    """A model built in memory (tiny, dummy) made int8 (nothing cached: it is built afresh anyway)."""
+    from treesearch.models.quantize import quantize
+
+    quantize(lm.model)
     return lm
 
 
@@ -224,6 +263,53 @@ def _from_folder(folder: str | Path, name: str, device: str, dtype: Any) -> Lang
     return wrap_model(model, tokenizer, name)
 
 
+def int8_folder(folder: str | Path) -> Path:
+    """Where the int8 copy of a float32 model folder is cached: beside it (NAME-SIZE-int8) for the
+    folders treesearch converts, else under cache_dir()/models/int8/, named for the folder or id."""
+    src = Path(folder).expanduser()
+    models = cache_dir() / "models"
+    if src.parent == models:
+        return models / f"{src.name}-int8"
+    key = hashlib.sha256(str(src.resolve() if src.is_dir() else folder).encode()).hexdigest()[:12]
+    return models / "int8" / f"{re.sub(r'[^A-Za-z0-9._-]', '_', src.name)}-{key}"
+
+
+def _from_int8_folder(folder: str | Path, name: str, device: str, dtype: Any) -> LanguageModel:
+    """The model of a float32 folder (or hub id) as int8: from its cached int8 copy, made once
+    (said on stderr with its size on disk) by loading the float32 model and quantizing it."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from treesearch.models import quantize
+
+    target = int8_folder(folder)
+    weights = target / "model.safetensors"
+    if not (weights.exists() and (target / "config.json").exists()):
+        lm = _from_folder(folder, name, device, dtype)
+        quantize.quantize(lm.model)
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        tmp.mkdir(parents=True, exist_ok=True)
+        save_file(quantize.state(lm.model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        lm.model.config.save_pretrained(str(tmp))
+        lm.model.generation_config.save_pretrained(str(tmp))
+        lm.tokenizer.save_pretrained(str(tmp))
+        size = sum(f.stat().st_size for f in tmp.iterdir())
+        if target.exists():  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.rename(target)
+        print(
+            f"treesearch: converted {name} to int8 once ({size / 1e6:.0f} MB on disk in {target})",
+            file=sys.stderr,
+        )
+        return lm
+    config = AutoConfig.from_pretrained(str(target))
+    model = quantize.from_state(config, load_file(str(weights)))
+    if (target / "generation_config.json").exists():  # the EOS ids the engine stops at
+        model.generation_config = GenerationConfig.from_pretrained(str(target))
+    return wrap_model(model, AutoTokenizer.from_pretrained(str(target)), name)
+
+
 _TOKENIZER_CACHE: dict[str, Any] = {}
 
 
@@ -245,8 +331,14 @@ def _converted_default_folder() -> Path:
 def default_f32_gguf_path() -> Path:
     """Where `make gguf-f32` (scripts/gguf-f32) writes the default model as a float32 GGUF made by
     llama.cpp's converter from the converted folder (named, like it, for the shipped file's size)."""
+    return default_gguf_path_as("f32")
+
+
+def default_gguf_path_as(outtype: str) -> Path:
+    """Where scripts/gguf-f32 writes the default model as a GGUF of llama.cpp's type outtype ("f32":
+    `make gguf-f32`, "q8_0": `make gguf-q8`)."""
     size = default_gguf_path().stat().st_size
-    return cache_dir() / "models" / "gguf" / f"{DEFAULT_MODEL_NAME}-{size}.f32.gguf"
+    return cache_dir() / "models" / "gguf" / f"{DEFAULT_MODEL_NAME}-{size}.{outtype}.gguf"
 
 
 def conversion_notice(gguf: Path, name: str, folder: Path) -> str:

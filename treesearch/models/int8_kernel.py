@@ -1,0 +1,353 @@
+"""y = x (W s)^T (+ b) (+ other) for int8 weights W [N, K] with a float32 scale per output channel
+s [N], float32 activations x [rows, K] -> float32 [rows, N]: the product of every int8 linear layer.
+
+Why: a decode step reads every weight once, so its time is the weights' bytes over memory bandwidth;
+int8 weights are a quarter of float32's. No ready torch op is fast at every batch size on both CPU
+families (AVX2 EPYC, AVX-512 Xeon) with float32 activations (docs/guide/precision.md), so this is a
+small C kernel compiled at first use (as `treesearch.engine.runs_kernel` is): each weight byte is
+widened to float32 in registers (AVX2 `cvtepi8_epi32` + `cvtepi32_ps`, 8 lanes, or AVX-512's 16
+where the CPU has AVX-512F/BW/VL) and multiplied into FMA accumulators.
+
+Batch invariance: a row's result never depends on the other rows of the call. Activations are not
+quantized, and each (row, channel) dot product accumulates in the same lanes in the same order
+whatever the number of rows, the tile it falls in, or the thread count (threads share out output
+channels; each channel's dot products are whole in one thread). The weights of a tile of channels
+are read from memory once per call and reused from cache for every row.
+
+Where no compiler works, or `TREESEARCH_INT8_KERNEL=0`, `linear()` dequantizes the weights in blocks
+of channels and calls torch's `F.linear` (correct, slower, and not batch invariant: oneDNN may sum
+a row differently at another batch size); `reason()` says which, once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from treesearch.models.paths import cache_dir
+
+SOURCE = r"""
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(TS_AVX512)
+#define W 16
+typedef __m512 vf;
+#define VZERO() _mm512_setzero_ps()
+#define VLOADX(p) _mm512_loadu_ps(p)
+#define VLOADW(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+static inline float hsum(vf v) {
+    __m256 lo = _mm512_castps512_ps256(v);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    __m256 s8 = _mm256_add_ps(lo, hi);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+}
+#else
+#define W 8
+typedef __m256 vf;
+#define VZERO() _mm256_setzero_ps()
+#define VLOADX(p) _mm256_loadu_ps(p)
+#define VLOADW(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+static inline float hsum(vf v) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+}
+#endif
+
+/* Every (row, channel) dot product is: W lanes accumulated by FMA over k < K - K % W in order,
+   summed across lanes (hsum), then the tail k >= K - K % W added one by one; then times the
+   channel's scale, plus its bias, plus other. The tiles below only change which dot products run
+   side by side, never this order. */
+static inline float finish(float acc, const float *x, const int8_t *w, int64_t k0, int64_t K,
+                           float s, const float *bias, int64_t n, const float *other) {
+    for (int64_t k = k0; k < K; k++) acc += x[k] * (float)w[k];
+    float y = acc * s;
+    if (bias) y += bias[n];
+    if (other) y += other[n];
+    return y;
+}
+
+/* R rows x C channels at a time, R*C accumulators in registers. */
+#define TILE(NAME, R, C)                                                                            \
+static void NAME(const float *x, int64_t ldx, const int8_t *w, int64_t K, const float *scale,       \
+                 const float *bias, const float *other, int64_t ldo, float *y, int64_t ldy,          \
+                 int64_t r0, int64_t n0) {                                                          \
+    vf acc[R][C];                                                                                   \
+    for (int i = 0; i < R; i++)                                                                     \
+        for (int j = 0; j < C; j++) acc[i][j] = VZERO();                                            \
+    int64_t kv = K - K % W;                                                                         \
+    for (int64_t k = 0; k < kv; k += W) {                                                           \
+        vf wv[C];                                                                                   \
+        for (int j = 0; j < C; j++) wv[j] = VLOADW(w + (n0 + j) * K + k);                          \
+        for (int i = 0; i < R; i++) {                                                               \
+            vf xv = VLOADX(x + (r0 + i) * ldx + k);                                                 \
+            for (int j = 0; j < C; j++) acc[i][j] = VFMA(xv, wv[j], acc[i][j]);                     \
+        }                                                                                           \
+    }                                                                                               \
+    for (int i = 0; i < R; i++)                                                                     \
+        for (int j = 0; j < C; j++) {                                                               \
+            int64_t n = n0 + j, r = r0 + i;                                                         \
+            y[r * ldy + n] = finish(hsum(acc[i][j]), x + r * ldx, w + n * K, kv, K, scale[n], bias, \
+                                    n, other ? other + r * ldo : 0);                                \
+        }                                                                                           \
+}
+
+TILE(tile_6x2, 6, 2)
+TILE(tile_4x2, 4, 2)
+TILE(tile_1x4, 1, 4)
+TILE(tile_4x1, 4, 1)
+TILE(tile_1x1, 1, 1)
+
+#define NB 16 /* channels per tile: its weights (NB K bytes) stay in cache while every row reads them */
+
+/* x [rows, K] (row stride ldx), w [N, K] int8 row-major, scale [N], bias [N] or NULL, other
+   [rows, N] (row stride ldo) or NULL, y [rows, N] (row stride ldy). Tiles of NB channels are
+   shared out over up to `threads` OpenMP threads. */
+void ts_int8_linear(const float *x, int64_t ldx, int64_t rows, int64_t K, const int8_t *w,
+                    const float *scale, const float *bias, const float *other, int64_t ldo, float *y,
+                    int64_t ldy, int64_t N, int64_t threads) {
+    int64_t tiles = (N + NB - 1) / NB;
+#ifndef _OPENMP
+    threads = 1;
+#endif
+    if (threads > tiles) threads = tiles;
+    if (threads < 1) threads = 1;
+#pragma omp parallel for num_threads((int)threads) schedule(static) if (threads > 1)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t n0 = t * NB, n1 = n0 + NB < N ? n0 + NB : N;
+        int64_t r = 0;
+        for (; r + 6 <= rows; r += 6) {
+            int64_t n = n0;
+            for (; n + 2 <= n1; n += 2) tile_6x2(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+            for (; n < n1; n++) tile_4x1(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n),
+                                tile_1x1(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r + 4, n),
+                                tile_1x1(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r + 5, n);
+        }
+        for (; r + 4 <= rows; r += 4) {
+            int64_t n = n0;
+            for (; n + 2 <= n1; n += 2) tile_4x2(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+            for (; n < n1; n++) tile_4x1(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+        }
+        for (; r < rows; r++) {
+            int64_t n = n0;
+            for (; n + 4 <= n1; n += 4) tile_1x4(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+            for (; n < n1; n++) tile_1x1(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+        }
+    }
+}
+
+/* Rows of an int8 table as float32 (an embedding lookup): out[i] = w[ids[i]] * scale[ids[i]]. */
+void ts_int8_rows(const int64_t *ids, int64_t n, const int8_t *w, const float *scale, int64_t K,
+                  float *out) {
+    for (int64_t i = 0; i < n; i++) {
+        const int8_t *src = w + ids[i] * K;
+        float s = scale[ids[i]];
+        for (int64_t k = 0; k < K; k++) out[i * K + k] = (float)src[k] * s;
+    }
+}
+"""
+
+_I64 = ctypes.c_int64
+_PTR = ctypes.c_void_p
+_state: dict[str, Any] = {}
+FALLBACK_BLOCK = 1024  # output channels dequantized at a time by the torch path (4 MB at K = 1024)
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where it cannot be read)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def variant(flags: set[str] | None = None) -> str | None:
+    """Which build fits this CPU: "avx512" (F, BW, VL), "avx2" (with FMA), or None (no SIMD kernel).
+    No -march=native: a VM may advertise instructions it does not allow."""
+    flags = cpu_flags() if flags is None else flags
+    if {"avx512f", "avx512bw", "avx512vl", "fma"} <= flags:
+        return "avx512"
+    if {"avx2", "fma"} <= flags:
+        return "avx2"
+    return None
+
+
+def _cflags(which: str) -> list[str]:
+    base = ["-O3", "-fPIC", "-shared"]
+    if which == "avx512":
+        return [*base, "-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-DTS_AVX512"]
+    return [*base, "-mavx2", "-mfma"]
+
+
+def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
+    """SOURCE compiled with flags (cached by source, flags and compiler) and loaded."""
+    key = hashlib.sha256((SOURCE + " ".join(flags) + cc).encode()).hexdigest()[:16]
+    folder = cache_dir() / "kernels"
+    lib = folder / f"int8-{key}.so"
+    if not lib.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            src, out = Path(tmp) / "int8.c", Path(tmp) / "int8.so"
+            src.write_text(SOURCE)
+            done = subprocess.run(
+                [cc, *flags, "-o", str(out), str(src)], capture_output=True, text=True, timeout=120
+            )
+            if done.returncode != 0:
+                raise OSError(f"{cc} failed: {done.stderr.strip()[-300:]}")
+            os.replace(out, lib)
+    dll = ctypes.CDLL(str(lib))
+    dll.ts_int8_linear.argtypes = [
+        _PTR,
+        _I64,
+        _I64,
+        _I64,
+        _PTR,
+        _PTR,
+        _PTR,
+        _PTR,
+        _I64,
+        _PTR,
+        _I64,
+        _I64,
+        _I64,
+    ]
+    dll.ts_int8_linear.restype = None
+    dll.ts_int8_rows.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _PTR]
+    dll.ts_int8_rows.restype = None
+    return dll
+
+
+def load() -> Any:
+    """The compiled library (`ts_int8_linear`, `ts_int8_rows`), or None where it cannot be had (see
+    `reason()`); built once per process, and its absence logged once."""
+    if "dll" not in _state:
+        which = variant()
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if os.environ.get("TREESEARCH_INT8_KERNEL", "1") == "0":
+            _state["dll"], _state["reason"] = None, "off: TREESEARCH_INT8_KERNEL=0"
+        elif which is None:
+            _state["dll"], _state["reason"] = None, "not available: this CPU has neither AVX2+FMA nor AVX-512"
+        elif not cc:
+            _state["dll"], _state["reason"] = (
+                None,
+                "not available: no C compiler found (set CC, or install gcc)",
+            )
+        else:
+            try:
+                try:
+                    dll, omp = _compile(cc, [*_cflags(which), "-fopenmp"]), True
+                except OSError:
+                    dll, omp = _compile(cc, _cflags(which)), False
+                _state["dll"] = dll
+                _state["reason"] = f"compiled ({which}{'' if omp else ', without OpenMP: one thread'})"
+            except (OSError, subprocess.SubprocessError) as e:
+                _state["dll"], _state["reason"] = None, f"not available: {e}"
+        if _state["dll"] is None:
+            warnings.warn(
+                f"the int8 kernel is {_state['reason']}; int8 layers multiply through torch on dequantized "
+                "blocks (slower)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return _state["dll"]
+
+
+def reason() -> str:
+    """Why the kernel is or is not used in this process."""
+    load()
+    return str(_state["reason"])
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    other: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [rows, K] float32, weight [N, K] int8, scale [N] -> x (weight * scale[:, None])^T (+ bias)
+    (+ other [rows, N]) as float32 [rows, N], through the kernel where it builds."""
+    rows, k = x.shape
+    n = weight.shape[0]
+    dll = load()
+    if dll is None:
+        return _torch_linear(x, weight, scale, bias, other)
+    if x.stride(1) != 1 or x.dtype != torch.float32:
+        x = x.contiguous().float()
+    if other is not None and (other.stride(1) != 1 or other.dtype != torch.float32):
+        other = other.contiguous().float()
+    y = torch.empty(rows, n)
+    if rows == 0:
+        return y
+    dll.ts_int8_linear(
+        x.data_ptr(),
+        x.stride(0),
+        rows,
+        k,
+        weight.data_ptr(),
+        scale.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        None if other is None else other.data_ptr(),
+        0 if other is None else other.stride(0),
+        y.data_ptr(),
+        n,
+        n,
+        torch.get_num_threads(),
+    )
+    return y
+
+
+def rows(ids: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Rows ids (any shape) of the int8 table weight [V, K] with per-row scale, as float32
+    [*ids.shape, K] (an embedding lookup that keeps no float32 copy of the table)."""
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    k = weight.shape[1]
+    dll = load()
+    if dll is None:
+        out = weight.index_select(0, flat).float() * scale.index_select(0, flat)[:, None]
+    else:
+        out = torch.empty(flat.shape[0], k)
+        dll.ts_int8_rows(
+            flat.data_ptr(), flat.shape[0], weight.data_ptr(), scale.data_ptr(), k, out.data_ptr()
+        )
+    return out.view(*ids.shape, k)
+
+
+def _torch_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    other: torch.Tensor | None,
+) -> torch.Tensor:
+    """The kernel's result through torch: blocks of FALLBACK_BLOCK channels dequantized one at a
+    time (no float32 copy of the whole weight is kept)."""
+    x = x.float()
+    n = weight.shape[0]
+    parts = []
+    for n0 in range(0, n, FALLBACK_BLOCK):
+        w = weight[n0 : n0 + FALLBACK_BLOCK].float() * scale[n0 : n0 + FALLBACK_BLOCK, None]
+        parts.append(F.linear(x, w, None if bias is None else bias[n0 : n0 + FALLBACK_BLOCK]))
+    y = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+    return y if other is None else y + other

@@ -1,0 +1,236 @@
+"""int8 weights for a Llama or Qwen2 model: every linear layer (q/k/v/o, gate/up/down, the LM head)
+and the token embedding held as int8 with a float32 scale per output channel (per token row for the
+embedding), and no float32 copy kept.
+
+Why: a decode step reads every weight once, so int8 (a quarter of float32's bytes) is the lever
+left for speed on a CPU, and the weights are most of a model's resident memory.
+
+How: `quantize(model)` replaces the transformers modules' `nn.Linear`s by `Int8Linear` and the
+embedding by `Int8Embedding` (in place). Each attention's q/k/v and each MLP's gate/up are packed
+once into one fused int8 matrix (`Int8Layer`: its `qkv`, `gate_up`), and the per-projection modules
+hold row views of it, so the transformers layers (prefill, scoring) and the fast decode step
+(`treesearch.engine.decoder`, which multiplies the fused matrices) read the same bytes. A tied LM
+head and embedding share one int8 table (a token's embedding row is the head's output channel, so
+one scale per row serves both). `save`/`load_quantized` keep the result on disk as safetensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from treesearch.models import int8_kernel
+
+MODEL_TYPES = ("llama", "qwen2")
+QUANTIZATIONS = ("float32", "int8")
+
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per row: w [N, K] -> (q int8 [N, K], scale float32 [N]) with w ~ q * scale
+    (scale = max |w_row| / 127; an all-zero row gets scale 1)."""
+    w = w.detach().float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
+class Int8Linear(nn.Module):
+    """y = x (W s)^T (+ b), W int8 [out, in], s float32 [out] (`treesearch.models.int8_kernel`)."""
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.register_buffer("qweight", weight, persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.detach().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = int8_kernel.linear(x.reshape(-1, shape[-1]), self.qweight, self.scale, self.bias)
+        return y.view(*shape[:-1], self.out_features).to(x.dtype)
+
+    def weight_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """Rows idx of W s as float32 (a few output channels, e.g. the labels' rows of an LM head)."""
+        return int8_kernel.rows(idx, self.qweight, self.scale)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+class Int8Embedding(nn.Module):
+    """Token embedding from an int8 table [V, D] with a scale per row (dequantized per lookup)."""
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, padding_idx: int | None = None) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.padding_idx = padding_idx
+        self.register_buffer("qweight", weight, persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return int8_kernel.rows(ids, self.qweight, self.scale)
+
+
+class Int8Layer:
+    """A decoder layer's fused int8 matrices (q/k/v rows, then gate/up rows), kept on the layer
+    (`layer.int8`) for the fast decode step; the projections' modules hold views of them."""
+
+    def __init__(self, qkv: tuple[torch.Tensor, torch.Tensor], gate_up: tuple[torch.Tensor, torch.Tensor]):
+        self.qkv, self.qkv_scale = qkv
+        self.gate_up, self.gate_up_scale = gate_up
+
+
+def is_quantized(model: Any) -> bool:
+    """True when `quantize` has made model's weights int8."""
+    return bool(getattr(model, "treesearch_quantization", None) == "int8")
+
+
+def check_quantizable(model: Any) -> None:
+    """Raise ValueError naming what the int8 path does not cover: a model type other than Llama or
+    Qwen2, a device other than the CPU, or weights that are not float32."""
+    cfg = model.config
+    kind = getattr(cfg, "model_type", None)
+    if kind not in MODEL_TYPES:
+        raise ValueError(
+            f"int8 covers Llama and Qwen2 models, not model type {kind!r}; use --quantization float32"
+        )
+    p = next(model.parameters())
+    if p.device.type != "cpu":
+        raise ValueError(f"int8 runs on the CPU only, not on {p.device.type}; use --quantization float32")
+
+
+def _fused(mods: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Rows of several linear layers stacked and quantized: (int8, scales, biases or None)."""
+    q, s = quantize_rows(torch.cat([m.weight.detach() for m in mods]))
+    bias = None
+    if any(m.bias is not None for m in mods):
+        bias = torch.cat(
+            [m.bias.detach().float() if m.bias is not None else torch.zeros(m.out_features) for m in mods]
+        )
+    return q, s, bias
+
+
+def _views(
+    mods: list[nn.Linear], q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None
+) -> list[Int8Linear]:
+    """One `Int8Linear` per module over its rows of the fused (q, s, bias)."""
+    out, r = [], 0
+    for m in mods:
+        n = m.out_features
+        b = None if m.bias is None or bias is None else bias[r : r + n]
+        out.append(Int8Linear(q[r : r + n], s[r : r + n], b))
+        r += n
+    return out
+
+
+@torch.no_grad()
+def quantize(model: Any) -> Any:
+    """Make model's linear layers and embedding int8 in place (see the module doc); returns model."""
+    check_quantizable(model)
+    base = model.model
+    for layer in base.layers:
+        att, mlp = layer.self_attn, layer.mlp
+        attn_mods = [att.q_proj, att.k_proj, att.v_proj]
+        mlp_mods = [mlp.gate_proj, mlp.up_proj]
+        qkv = _fused(attn_mods)
+        gu = _fused(mlp_mods)
+        att.q_proj, att.k_proj, att.v_proj = _views(attn_mods, *qkv)
+        mlp.gate_proj, mlp.up_proj = _views(mlp_mods, *gu)
+        att.o_proj = Int8Linear(*quantize_rows(att.o_proj.weight))
+        mlp.down_proj = Int8Linear(*quantize_rows(mlp.down_proj.weight))
+        layer.int8 = Int8Layer(qkv[:2], gu[:2])
+    _quantize_ends(model)
+    return model
+
+
+def _quantize_ends(model: Any) -> None:
+    """The embedding and LM head: one shared int8 table when tied, two otherwise."""
+    base = model.model
+    emb = base.embed_tokens
+    tied = model.lm_head.weight is emb.weight or bool(getattr(model.config, "tie_word_embeddings", False))
+    eq, es = quantize_rows(emb.weight)
+    base.embed_tokens = Int8Embedding(eq, es, getattr(emb, "padding_idx", None))
+    if tied:
+        model.lm_head = Int8Linear(eq, es)
+    else:
+        model.lm_head = Int8Linear(*quantize_rows(model.lm_head.weight))
+    model.treesearch_quantization = "int8"
+
+
+def state(model: Any) -> dict[str, torch.Tensor]:
+    """What `save` writes: the fused int8 matrices and scales, o/down, embedding and head, and every
+    float32 tensor left (norms, q/k/v biases), each under its own name (no shared storage)."""
+    out: dict[str, torch.Tensor] = {}
+    base = model.model
+    for i, layer in enumerate(base.layers):
+        p = f"model.layers.{i}."
+        att, mlp = layer.self_attn, layer.mlp
+        out[p + "qkv.qweight"], out[p + "qkv.scale"] = layer.int8.qkv, layer.int8.qkv_scale
+        out[p + "gate_up.qweight"], out[p + "gate_up.scale"] = layer.int8.gate_up, layer.int8.gate_up_scale
+        for name, m in (("self_attn.o_proj", att.o_proj), ("mlp.down_proj", mlp.down_proj)):
+            out[p + name + ".qweight"], out[p + name + ".scale"] = m.qweight, m.scale
+        for name, m in (("q", att.q_proj), ("k", att.k_proj), ("v", att.v_proj)):
+            if m.bias is not None:
+                out[p + f"self_attn.{name}_proj.bias"] = m.bias.contiguous()
+    out["model.embed_tokens.qweight"] = base.embed_tokens.qweight
+    out["model.embed_tokens.scale"] = base.embed_tokens.scale
+    if model.lm_head.qweight is not base.embed_tokens.qweight:
+        out["lm_head.qweight"], out["lm_head.scale"] = model.lm_head.qweight, model.lm_head.scale
+    for name, p in model.named_parameters():  # the norms: all that is left as parameters
+        out[name] = p.detach()
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+@torch.no_grad()
+def from_state(config: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """A model built from config with the int8 weights of `state` (no float32 weights are made:
+    the skeleton is built on the meta device and every tensor is assigned from tensors)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    base = model.model
+    for i, layer in enumerate(base.layers):
+        p = f"model.layers.{i}."
+        att, mlp = layer.self_attn, layer.mlp
+        attn_mods, mlp_mods = [att.q_proj, att.k_proj, att.v_proj], [mlp.gate_proj, mlp.up_proj]
+        biases = [tensors.get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+        qkv_bias = None
+        if any(b is not None for b in biases):
+            qkv_bias = torch.cat(
+                [b if b is not None else torch.zeros(m.out_features) for b, m in zip(biases, attn_mods)]
+            )
+        qkv = (tensors[p + "qkv.qweight"], tensors[p + "qkv.scale"])
+        gu = (tensors[p + "gate_up.qweight"], tensors[p + "gate_up.scale"])
+        att.q_proj, att.k_proj, att.v_proj = _views(attn_mods, *qkv, qkv_bias)
+        mlp.gate_proj, mlp.up_proj = _views(mlp_mods, *gu, None)
+        att.o_proj = Int8Linear(
+            tensors[p + "self_attn.o_proj.qweight"], tensors[p + "self_attn.o_proj.scale"]
+        )
+        mlp.down_proj = Int8Linear(tensors[p + "mlp.down_proj.qweight"], tensors[p + "mlp.down_proj.scale"])
+        layer.int8 = Int8Layer(qkv, gu)
+    emb = base.embed_tokens
+    eq, es = tensors["model.embed_tokens.qweight"], tensors["model.embed_tokens.scale"]
+    base.embed_tokens = Int8Embedding(eq, es, getattr(emb, "padding_idx", None))
+    if "lm_head.qweight" in tensors:
+        model.lm_head = Int8Linear(tensors["lm_head.qweight"], tensors["lm_head.scale"])
+    else:
+        model.lm_head = Int8Linear(eq, es)
+    rest = {k: v for k, v in tensors.items() if k in dict(model.named_parameters())}
+    model.load_state_dict(rest, strict=False, assign=True)
+    base.rotary_emb = type(base.rotary_emb)(config)  # its buffers are computed, not stored
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise ValueError(f"the int8 checkpoint lacks {', '.join(left[:5])}; delete it to convert anew")
+    model.treesearch_quantization = "int8"
+    return model.eval()
