@@ -70,14 +70,9 @@ class RowMemory:
         last = all(cohort.live == 1 for cohort, _, _ in g.parts)  # else the parts stay where they are
         runs = [kv[:, :, :, :n] for kv, n in (g.own_runs() if last else g.chunks) if n]
         held = sum(r.shape[3] for r in runs)
-        store = self.cache.store
-        bpt = store.bytes_per_token
-        if (
-            store.budget is not None
-            and (held + extra) * bpt > store.budget - store.bytes_held - store.reserved
-        ):
+        bpt = self.cache.store.bytes_per_token
+        if not self.cache.store.try_reserve((held + extra) * bpt, evict=False):
             return False  # only in free room: a copy is worth no cached block's eviction
-        self.cache.reserve((held + extra) * bpt)
         new = self.chunk(held + extra)
         off = 0
         for r in runs:

@@ -28,7 +28,7 @@ One step (under the engine's lock, run by whichever waiting thread finds no step
 4. a row that meets EOS, a stop string or max tokens leaves at once, and a call returns to its
    search as soon as its last row is done: no barrier over searches.
 Rows carry their own seeds and prompts, so a result never depends on which rows shared a step.
-After every step each call not yet returned has rows queued or running (`check_rows`), and an
+After every step each call not yet returned has rows queued or running (`_check_rows`), and an
 error inside a step fails every call not yet returned, so no thread waits on rows that are gone.
 """
 
@@ -196,7 +196,7 @@ class Scheduler:
             self.steps += 1
         if self.on_step is not None:
             self.on_step()
-        check_rows(self)
+        self._check_rows()
 
     def _fill(self) -> None:
         """Admit and prefill (a part of each long prompt, below); rows whose prompt is in join the
@@ -473,19 +473,18 @@ class Scheduler:
                 self.fail_call(call, exc)
         self.cache.end_call()
 
-
-def check_rows(sched: Scheduler) -> None:
-    """After a step: every call not yet returned has rows queued or running (or was cancelled).
-    One whose rows are nowhere would have its thread run empty steps forever, so that is an error."""
-    if sched.gen_wait or sched.score_wait or sched.filling or sched.running:
-        return
-    lost = [c for c in sched._live.values() if not c.done and c.cancelled is None]
-    if lost:
-        raise RuntimeError(
-            f"internal error: the scheduler holds no rows of {len(lost)} unfinished call(s) "
-            f"({', '.join(f'{c.kind}: {c.left} of {c.n} rows left' for c in lost[:4])}); "
-            "this is a bug in treesearch, please report it with the command that ran"
-        )
+    def _check_rows(self) -> None:
+        """After a step: every call not yet returned has rows queued or running (or was cancelled).
+        One whose rows are nowhere would have its thread run empty steps forever, so that is an error."""
+        if self.gen_wait or self.score_wait or self.filling or self.running:
+            return
+        lost = [c for c in self._live.values() if not c.done and c.cancelled is None]
+        if lost:
+            raise RuntimeError(
+                f"internal error: the scheduler holds no rows of {len(lost)} unfinished call(s) "
+                f"({', '.join(f'{c.kind}: {c.left} of {c.n} rows left' for c in lost[:4])}); "
+                "this is a bug in treesearch, please report it with the command that ran"
+            )
 
 
 def rule_key(rule: Any) -> Hashable:
