@@ -1,6 +1,6 @@
 """The architecture's arrows, checked on the source (docs/development/architecture.md): every project
 import points down the package layers, no two modules import each other in a circle, no private name
-crosses a module, files and classes stay small, and `import treesearch` loads neither torch nor strategies."""
+crosses a module, no file grows into a monolith, and `import treesearch` loads neither torch nor strategies."""
 
 from __future__ import annotations
 
@@ -167,6 +167,125 @@ def test_the_store_and_attention_know_nothing_above_them():
     assert not {d.partition(".")[0] for d in deps["cache.manager"]} & {"engine", "search", "core", "models"}
 
 
+# Names that mean an object of a layer (the package that defines it). A parameter or attribute of one
+# of these names typed `Any` in a module of that layer or below hides an upward reference from the
+# import check above: type it with what the callee needs (plain data, or a Protocol of its own).
+UPWARD_NAMES = {
+    "engine": "engine",
+    "eng": "engine",
+    "sched": "engine",
+    "scheduler": "engine",
+    "runner": "engine",
+    "searcher": "search",
+    "session": "search",
+    "manager": "cache",
+    "cache": "cache",
+}
+
+
+def _mentions_any(annotation: ast.expr | None) -> bool:
+    return annotation is not None and any(
+        (isinstance(n, ast.Name) and n.id == "Any") or (isinstance(n, ast.Attribute) and n.attr == "Any")
+        for n in ast.walk(annotation)
+    )
+
+
+def _any_typed_upward(path: Path) -> list[tuple[str, int, str]]:
+    """Parameters and attributes named for an object of this layer or above and typed `Any`."""
+    mine = _package(_name(path))
+    if mine not in LAYERS:
+        return []
+    out = []
+
+    def check(name: str, annotation: ast.expr | None, line: int) -> None:
+        up = UPWARD_NAMES.get(name)
+        if up is not None and LAYERS[mine] <= LAYERS[up] and _mentions_any(annotation):
+            out.append((str(path.relative_to(ROOT)), line, name))
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs]:
+                check(arg.arg, arg.annotation, arg.lineno)
+        elif isinstance(node, ast.AnnAssign):
+            t = node.target
+            name = t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else ""
+            check(name, node.annotation, node.lineno)
+    return out
+
+
+def _is_bound(e: ast.expr, methods: set[str]) -> bool:
+    """`self.<one of methods>`."""
+    return (
+        isinstance(e, ast.Attribute)
+        and isinstance(e.value, ast.Name)
+        and e.value.id == "self"
+        and e.attr in methods
+    )
+
+
+def _bound_methods_handed_down(path: Path) -> list[str]:
+    """A method of a class handed to a lower package's callable (`Lower(..., self._compute)`) or
+    set on another object (`other.compute = self._compute`): a callback from below into this layer."""
+    mine = _package(_name(path))
+    lower = {
+        n
+        for target, names, _ in _imports(path)
+        if _package(target) != mine and _package(target) in LAYERS
+        for n in names
+    }
+    out = []
+    for cls in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        methods = {
+            f.name
+            for f in cls.body
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and not any(isinstance(d, ast.Name) and d.id == "property" for d in f.decorator_list)
+        }
+
+        for node in ast.walk(cls):
+            if isinstance(node, ast.Call):
+                f = node.func
+                callee = f.id if isinstance(f, ast.Name) else ""
+                if callee in lower and any(
+                    _is_bound(a, methods) for a in [*node.args, *(k.value for k in node.keywords)]
+                ):
+                    out.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno} hands a method of {cls.name} to {callee}"
+                    )
+            elif isinstance(node, ast.Assign) and _is_bound(node.value, methods):
+                for t in node.targets:
+                    if isinstance(t, ast.Attribute) and not (
+                        isinstance(t.value, ast.Name) and t.value.id == "self"
+                    ):
+                        out.append(
+                            f"{path.relative_to(ROOT)}:{node.lineno} sets a method of {cls.name} on another object"
+                        )
+    return out
+
+
+# Known, outside the engine and the cache: a decorator that receives the Searcher it wraps. Fix and
+# remove; never add.
+ANY_TYPED_KNOWN = {("treesearch/search/limits.py", "searcher")}
+
+
+def test_no_upward_object_is_handed_down_typed_any():
+    wrong = [
+        f"{path}:{line} {name}: Any"
+        for p in _modules()
+        for path, line, name in _any_typed_upward(p)
+        if (path, name) not in ANY_TYPED_KNOWN
+    ]
+    assert wrong == []
+
+
+def test_no_method_is_handed_down_as_a_callback():
+    wrong = [w for p in _modules() for w in _bound_methods_handed_down(p)]
+    assert wrong == []
+
+
 def test_no_private_name_is_imported_across_modules():
     wrong = [
         f"{p.relative_to(ROOT)}:{line} imports {n} from {t}"
@@ -179,15 +298,8 @@ def test_no_private_name_is_imported_across_modules():
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_no_package_file_is_over_450_lines_nor_a_class_over_300(path):
-    source = path.read_text()
-    assert len(source.splitlines()) <= 450
-    big = [
-        (n.name, n.end_lineno - n.lineno + 1)
-        for n in ast.walk(ast.parse(source))
-        if isinstance(n, ast.ClassDef) and n.end_lineno - n.lineno + 1 > 300
-    ]
-    assert big == []
+def test_no_package_file_is_a_monolith_of_over_600_lines(path):
+    assert len(path.read_text().splitlines()) <= 600
 
 
 def test_importing_the_search_api_loads_neither_strategies_nor_torch_nor_ray():

@@ -67,6 +67,24 @@ def test_can_hold_counts_only_what_eviction_could_free():
     store.check_invariants()
 
 
+def test_try_reserve_reserves_or_changes_nothing():
+    # root -- A[1..4] (block 0) -- B[5..8] free (block 1) ; C[9..12] pinned (block 2); budget 4 blocks
+    block = BS * BPT
+    store = KVStore(bytes_per_token=BPT, block_size=BS, budget=4 * block)
+    a, _ = store.insert([], [1, 2, 3, 4], kv(4))
+    b, _ = store.insert([(a, 4)], [5, 6, 7, 8], kv(4))
+    c, _ = store.insert([], [9, 10, 11, 12], kv(4))
+    store.pin([(c, 4)])
+    assert not store.try_reserve(4 * block)  # one block free, two evictable: three at most
+    assert (store.bytes_held, store.reserved, store.eviction_log) == (3 * block, 0, [])
+    assert store.try_reserve(block, evict=False)  # the free block
+    assert not store.try_reserve(block, evict=False)  # more only by evicting: refused, nothing changed
+    assert (store.bytes_held, store.reserved, store.eviction_log) == (3 * block, block, [])
+    assert store.try_reserve(2 * block)  # B, then A (a leaf once B is gone)
+    assert store.eviction_log == [1, 0] and (store.bytes_held, store.reserved) == (block, 3 * block)
+    store.check_invariants()
+
+
 def test_refs_count_owners_once_and_free_exactly_at_last_release():
     # root -- A[1 2 3 4] -- B[5 6]      owners: 10 holds B (so A too), 11 holds A
     store = KVStore(bytes_per_token=BPT, block_size=BS)

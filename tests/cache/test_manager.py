@@ -1,7 +1,7 @@
-"""The cache manager (`treesearch.cache.manager`) and shared runs (`treesearch.cache.shared_runs`),
-directly, over a real `KVStore` (no model).
+"""The cache manager (`treesearch.cache.manager`), and the engine's planning over it (residency and
+shared runs: `treesearch.engine.runner`'s functions), directly, over a real `KVStore` (no model).
 
-The `compute` function a manager is given is `Recompute` below: the K/V of a token at absolute
+The `compute` function planning is given is `Recompute` below: the K/V of a token at absolute
 position p is a tensor holding (p, token), so a test can check that every resident segment holds
 exactly its own tokens at its own positions, whether it was stored, refilled or recomputed. It also
 checks that what it is asked to attend over is resident (what the engine's forward requires) and
@@ -21,6 +21,7 @@ from treesearch.cache.manager import CacheManager, Row, bare_copy
 from treesearch.common.config import RKSCConfig
 from treesearch.common.errors import CacheBudgetError
 from treesearch.common.stats import Stats
+from treesearch.engine.runner import hold_rows, make_resident, prepare_rows
 from treesearch.policies.rsbcm import UNSCORED
 
 BPT = 8  # bytes per token in these tests
@@ -38,7 +39,7 @@ def kvt(tokens, start: int) -> torch.Tensor:
 
 
 class Recompute:
-    """The manager's compute: checks each chain is resident, records the call, returns kvt."""
+    """Planning's compute: checks each chain is resident, records the call, returns kvt."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[list[tuple[int, int]], list[int], int]] = []
@@ -60,7 +61,6 @@ def make(budget: int | None = None, eviction: str = "omega", share_min_tokens: i
         BPT,
         RKSCConfig(block_size=BS, cache_budget=budget, eviction=eviction),
         Stats(),
-        model,
         share_min_tokens=share_min_tokens,
     )
     return cm, model
@@ -292,12 +292,12 @@ def test_ensure_resident_recomputes_from_the_nearest_cached_ancestor_and_counts_
     cm.store.evict(b)
     cm.store.evict(a)
     charge = Stats()
-    cm.ensure_resident([(a, 4), (b, 3)], charge=charge)
+    make_resident(cm, model, [(a, 4), (b, 3)], charge)
     assert model.calls == [([], [1, 2, 3, 4], 0), ([(a.id, 4)], [5, 6, 7], 4)]
     assert model.charges == [charge, charge]
     assert charge.recomputed_tokens == 7 and cm.stats.recomputed_tokens == 0
     assert (a.resident_len, b.resident_len) == (4, 3) and kv_is_exact(a) and kv_is_exact(b)
-    cm.ensure_resident([(a, 4), (b, 4)])  # one more token of B, after the 3 it holds
+    make_resident(cm, model, [(a, 4), (b, 4)])  # one more token of B, after the 3 it holds
     assert model.calls[-1] == ([(a.id, 4), (b.id, 3)], [8], 7)
     assert cm.stats.recomputed_tokens == 1 and b.resident_len == 4 and kv_is_exact(b)
     cm.store.check_invariants()
@@ -337,7 +337,7 @@ def test_hold_pins_every_rows_chain_recomputes_it_and_counts_a_bare_rows_cut():
     s1, s2 = Stats(), Stats()
     r, bare = Row(ids=[1, 2, 3, 4, 5, 6, 7], stats=s1), Row(ids=[1, 2, 3, 9], bare=True, stats=s2)
     cm.lookup([r, bare])
-    cm.hold([r, bare])
+    hold_rows(cm, model, [r, bare])
     assert a.pins == 1 and a.resident_len == 6 and model.calls == [([], [1, 2, 3, 4, 5, 6], 0)]
     assert (s1.recomputed_tokens, s2.recomputed_tokens) == (6, 3)
     cm.end_call()
@@ -416,7 +416,7 @@ def test_a_run_several_rows_share_is_computed_once_and_reused_by_them():
         Row(ids=[1, 2, 3, 4, *run, 30, 31], stats=s1),
         Row(ids=[1, 2, 3, 4, 50, 51, 52, 53, 54, 55]),  # starts differently: computes its own
     ]
-    cm.prepare(rows)
+    prepare_rows(cm, model, rows)
     assert model.calls == [([(a.id, 4)], run, 4)] and model.charges == [s0]
     assert [r.matched for r in rows] == [9, 9, 4] and [r.prepass for r in rows] == [5, 0, 0]
     shared = rows[0].chain[-1][0]
@@ -430,7 +430,7 @@ def test_runs_shorter_than_share_min_tokens_are_not_shared():
     cm, model = make(share_min_tokens=6)
     put(cm, [1, 2, 3, 4])
     rows = [Row(ids=[1, 2, 3, 4, 10, 11, 12, 13, 14, 20]), Row(ids=[1, 2, 3, 4, 10, 11, 12, 13, 14, 30])]
-    cm.prepare(rows)  # they share 5 new tokens, fewer than 6
+    prepare_rows(cm, model, rows)  # they share 5 new tokens, fewer than 6
     assert model.calls == [] and [r.matched for r in rows] == [4, 4]
 
 
@@ -438,7 +438,7 @@ def test_shared_runs_are_skipped_when_the_budget_has_no_room_for_them():
     cm, model = make(budget=BLOCK, share_min_tokens=4)
     a, _ = put(cm, [1, 2, 3, 4])  # fills the budget, and is the rows' (pinned) context
     rows = [Row(ids=[1, 2, 3, 4, 10, 11, 12, 13, 14, 20]), Row(ids=[1, 2, 3, 4, 10, 11, 12, 13, 14, 30])]
-    cm.prepare(rows)
+    prepare_rows(cm, model, rows)
     assert model.calls == [] and [r.matched for r in rows] == [4, 4] and a.resident
     cm.end_call()
     assert a.pins == 0
@@ -460,7 +460,7 @@ def test_shared_runs_need_room_for_their_blocks_and_their_forwards_buffer(spare,
     cm, model = make(budget=BLOCK + room + spare, share_min_tokens=4)
     a, _ = put(cm, [1, 2, 3, 4])  # one block, pinned as the runs' context
     rows = shared_rows()
-    cm.prepare(rows)
+    prepare_rows(cm, model, rows)
     assert len(model.calls) == (2 if shared else 0)
     assert [r.matched for r in rows] == ([10, 10, 8, 8] if shared else [4, 4, 4, 4])
     cm.end_call()
@@ -475,9 +475,8 @@ def test_shared_runs_whose_forward_finds_no_room_leave_each_row_to_compute_its_o
     def no_room(*args):
         raise CacheBudgetError("no room for the forward's buffer")
 
-    cm.compute = no_room
     rows = shared_rows()
-    cm.prepare(rows)  # sharing saves work and is never needed: no error
+    prepare_rows(cm, no_room, rows)  # sharing saves work and is never needed: no error
     assert [r.matched for r in rows] == [4, 4, 4, 4] and [r.prepass for r in rows] == [0, 0, 0, 0]
     cm.end_call()
     assert a.pins == 0 and not model.calls
@@ -490,7 +489,7 @@ def test_bare_rows_take_no_shared_run_and_planning_them_ends():
     no prefix, so it found the same run again, for ever (a score batch under a budget hung)."""
     cm, model = make(share_min_tokens=4)
     rows = [bare_copy(r) for r in shared_rows()]
-    out = finishes(lambda: cm.prepare(rows))
+    out = finishes(lambda: prepare_rows(cm, model, rows))
     assert out == [None], "planning bare rows did not end"
     assert not model.calls and [(r.chain, r.matched) for r in rows] == [([], 0)] * 4
     cm.end_call()

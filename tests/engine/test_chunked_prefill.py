@@ -1,4 +1,4 @@
-"""Chunked prefill (`treesearch.engine.prefill`): a row's uncached prompt is prefilled in parts of at
+"""Chunked prefill (`treesearch.engine.scheduler`): a row's uncached prompt is prefilled in parts of at
 most `step_tokens` per step, beside the running rows' decode. Results do not depend on the parts:
 tokens, log-probabilities (within 1e-4), scores (within 1e-4) and the counters of the work are the
 same at every chunk size as without chunking, on the tiny Llama and the tiny Qwen2, greedy and

@@ -64,7 +64,7 @@ def test_a_row_is_admitted_only_with_room_for_its_token_of_the_decode_steps_buff
     eng = Engine(tiny_lm, RKSCConfig(cache_budget=10**9))
     sampling = Sampling(max_new_tokens=40, ignore_eos=True)
     row = Row(ids=eng.tokenize(PROMPTS[0]), stats=Stats())
-    eng.plan_rows([row])
+    eng.runner.plan_rows([row])
     g = GenRow(Call("generate", 1), 0, PROMPTS[0], row, sampling, seeded(0))
     bpt = tiny_lm.kv_bytes_per_token
     new, first = len(row.ids) - row.matched, min(eng.store.block_size, 39)
@@ -291,7 +291,7 @@ def test_a_score_batch_that_cannot_fit_beside_running_rows_waits_without_recompu
     store.budget = 10**9
     need = eng.cache.need_bytes([row], 0)
     run = Row(ids=eng.tokenize(PROMPTS[0]), stats=Stats())
-    eng.plan_rows([run])
+    eng.runner.plan_rows([run])
     g = GenRow(Call("generate", 1), 0, PROMPTS[0], run, Sampling(max_new_tokens=40), seeded(0))
     assert sched.memory.hold(g, run)
     sched.running.append(g)
@@ -320,7 +320,7 @@ def test_a_step_that_raises_while_it_holds_rows_off_the_queues_fails_their_calls
     only the calls still queued, and the stepping thread, whose own rows were in hand, ran empty
     steps forever. Every call not yet returned now gets the error, and the engine goes on."""
     eng = Engine(tiny_lm, RKSCConfig())
-    plan_rows = eng.plan_rows
+    plan_rows = eng.runner.plan_rows
     raised: list[int] = []
 
     def broken(rows):
@@ -329,7 +329,7 @@ def test_a_step_that_raises_while_it_holds_rows_off_the_queues_fails_their_calls
             raise ValueError("planning failed")
         return plan_rows(rows)
 
-    monkeypatch.setattr(eng, "plan_rows", broken)
+    monkeypatch.setattr(eng.runner, "plan_rows", broken)
     out = finishes(lambda: eng.generate(["a row in hand"], Sampling(max_new_tokens=3)))
     assert len(out) == 1, "the call never returned"
     assert isinstance(out[0], ValueError) and "planning failed" in str(out[0])
@@ -341,12 +341,12 @@ def test_a_step_that_raises_while_it_holds_rows_off_the_queues_fails_their_calls
 def test_a_call_whose_rows_are_nowhere_is_an_error_not_a_hang(tiny_lm, monkeypatch):
     """The scheduler's own guard: after a step, a call not yet returned must have rows queued or
     running. A row dropped by mistake (here: admission loses it) fails the call, naming the bug."""
-    from treesearch.engine import prefill
+    from treesearch.engine.scheduler import Scheduler
 
     def losing(sched, left):
         sched.gen_wait.popleft()  # taken and dropped
 
-    monkeypatch.setattr(prefill, "admit", losing)
+    monkeypatch.setattr(Scheduler, "_admit", losing)
     eng = Engine(tiny_lm, RKSCConfig())
     out = finishes(lambda: eng.generate(["a lost row"], Sampling(max_new_tokens=3)))
     assert len(out) == 1, "the call never returned"
@@ -363,7 +363,7 @@ def test_rows_whose_planning_finds_no_room_wait_for_the_running_rows_and_then_ru
     want = Engine(tiny_lm, RKSCConfig()).generate(["a late row"], sampling)[0].token_ids
     eng = Engine(tiny_lm, RKSCConfig())
     sched = eng.scheduler
-    plan_rows, refused = eng.plan_rows, []
+    plan_rows, refused = eng.runner.plan_rows, []
 
     def tight(rows):
         if sched.rows_held():
@@ -371,7 +371,7 @@ def test_rows_whose_planning_finds_no_room_wait_for_the_running_rows_and_then_ru
             raise CacheBudgetError("no room to plan beside the running rows")
         return plan_rows(rows)
 
-    monkeypatch.setattr(eng, "plan_rows", tight)
+    monkeypatch.setattr(eng.runner, "plan_rows", tight)
     running = threading.Event()
     sched.on_step = lambda: sched.running and running.set()
     long = threading.Thread(
@@ -388,7 +388,7 @@ def test_rows_whose_planning_finds_no_room_wait_for_the_running_rows_and_then_ru
     def never(rows):
         raise CacheBudgetError("no room to plan")
 
-    monkeypatch.setattr(eng, "plan_rows", never)
+    monkeypatch.setattr(eng.runner, "plan_rows", never)
     out = finishes(lambda: eng.generate(["a lone row"], sampling))
     assert len(out) == 1 and isinstance(out[0], CacheBudgetError) and "no room to plan" in str(out[0])
     assert not sched._live and not sched.gen_wait and eng.store.reserved == 0

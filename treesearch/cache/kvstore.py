@@ -183,6 +183,16 @@ class KVStore:
         self.reserved += nbytes
         self.peak_bytes = max(self.peak_bytes, self.bytes_held + self.reserved)
 
+    def try_reserve(self, nbytes: int, *, evict: bool = True) -> bool:
+        """The allocator's one answer: reserve nbytes (evicting as `reserve` does; with
+        evict=False only in free room) and return True, or return False having changed nothing.
+        Exact: `room` counts what `make_room` can drain (`treesearch.cache.eviction.reclaimable`)."""
+        if self.budget is not None and self.bytes_held + self.reserved + nbytes > self.budget:
+            if not evict or nbytes > self.room():
+                return False
+        self.reserve(nbytes)
+        return True
+
     def unreserve(self, nbytes: int) -> None:
         """A batch buffer counted by `reserve` is gone."""
         assert 0 <= nbytes <= self.reserved, f"unreserve({nbytes}) with only {self.reserved} reserved"

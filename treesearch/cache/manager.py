@@ -1,10 +1,8 @@
 """The cache manager: what K/V is resident in the store, and why.
 
 It alone reads the store's budget and segments. For each engine call it plans the rows: each
-row's longest cached prefix (`lookup`); how many rows run at once under a budget (`plan`); runs
-of new tokens that several rows share, computed once before the batch (`share_runs`); and the
-residency of every chain the batch attends over (`hold`), recomputing evicted segments from their
-nearest resident ancestor. After the call's forwards it stores the K/V they computed (`store_kv`).
+row's longest cached prefix (`lookup`) and what one row needs under a budget (`need_bytes`,
+`check_budget`). After the engine's forwards it stores the K/V they computed (`store_kv`).
 It keeps owners and pins (thought-tree nodes holding contexts; root prompts pinned) and counts,
 per search, the prompt contexts that ran through each segment, so that when a search ends the
 cache keeps what its prompts and the live searches' prompts use (few-shot templates) and forgets
@@ -21,26 +19,24 @@ kept, whole or its first blocks, only in room that displaces nothing owned; what
 kept as tokens, recomputed if ever needed (`stats.recomputed_tokens`). Results never depend on
 the budget.
 
-Model work goes through the `compute` function the engine gives (chains, new tokens, starts ->
-each row's new K/V); this module runs no model itself.
+This module runs no model and calls nothing above it: the engine computes K/V (evicted segments
+made resident again, runs several rows share: `treesearch.engine.runner`) and hands it down.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from treesearch.cache.attention import Prefix
 from treesearch.cache.kvstore import Chain, KVStore, Segment
-from treesearch.cache.shared_runs import share_runs
 from treesearch.common.config import RKSCConfig
 from treesearch.common.errors import CacheBudgetError
 from treesearch.common.stats import Stats, distinct
 from treesearch.policies.rsbcm import UNSCORED, LRUPolicy, Priority, RSBCMPolicy
 
 Handle = tuple[Segment, int]  # a context end in the KV store: (segment, used tokens)
-Compute = Callable[[list[Chain], list[list[int]], list[int], list[Stats]], list[Any]]  # -> K/V per row
 
 
 @dataclass
@@ -79,13 +75,11 @@ class CacheManager:
         bytes_per_token: int,
         config: RKSCConfig,
         stats: Stats,
-        compute: Compute,
         *,
         share_min_tokens: int = 8,
     ) -> None:
         self.config = config
         self.stats = stats
-        self.compute = compute
         self.share_min_tokens = share_min_tokens
         self.policy = RSBCMPolicy()
         order = self.policy if config.eviction == "omega" else LRUPolicy()
@@ -212,22 +206,6 @@ class CacheManager:
         return self.store.can_hold(need, free_only=True)
 
     # -- planning a call ------------------------------------------------------------------------------
-    def prepare(self, rows: list[Row]) -> None:
-        """Look every row up and compute shared runs once."""
-        for r in rows:
-            r.prepass = 0
-        self.lookup(rows)
-        self.share_runs(rows)
-
-    def hold(self, rows: list[Row]) -> None:
-        """Pin the rows' chains for the call and make them resident."""
-        for r in rows:
-            self.pin(r.chain)
-        for r in rows:
-            self.ensure_resident(r.chain, charge=r.stats)
-        for r in rows:
-            (r.stats or self.stats).recomputed_tokens += r.cut
-
     def lookup(self, rows: list[Row]) -> None:
         """Each row's longest cached prefix (its chain), leaving at least one token to compute:
         its logits start the row's decoding or scoring. A bare row takes none (`cut` = what it
@@ -279,10 +257,6 @@ class CacheManager:
         bare = bare_copy(r)
         return self.need_bytes([bare], extra, [bare if m is r else m for m in must])
 
-    def share_runs(self, rows: list[Row]) -> None:
-        """Compute once the new-token runs that several rows share, then look the rows up again."""
-        share_runs(self, rows)
-
     # -- storing and residency --------------------------------------------------------------------------
     def store_kv(
         self, ids: list[int], start: int, kv: Any, *, free_only: bool = False, charge: Stats | None = None
@@ -329,7 +303,7 @@ class CacheManager:
     ) -> Handle:
         """Store the K/V of ids[start:] (given as kv) after the cached ids[:start]; returns the end
         handle, pinned for the rest of the call. Evicted segments the tokens run through are
-        refilled from kv when it covers them, else recomputed (so the handle is resident).
+        refilled from kv, which must cover them (so the handle is resident).
         found: the lookup of ids already made (and pinned); keep: cache only the first keep new
         tokens' K/V (the segment still records every token)."""
         if found is None:
@@ -338,7 +312,7 @@ class CacheManager:
         else:
             chain, m = found
         assert m >= start, f"insert: the store knows {m} tokens of the context, kv starts at {start}"
-        self.ensure_resident(chain, known=(start, kv), charge=charge)
+        self.ensure_resident(chain, (start, kv))
         if m == len(ids):
             return chain[-1]
         part = kv[:, :, :, m - start :] if keep is None else kv[:, :, :, m - start : m - start + keep]
@@ -346,26 +320,20 @@ class CacheManager:
         self.pin([end])
         return end
 
-    def ensure_resident(
-        self, chain: Chain, known: tuple[int, Any] | None = None, *, charge: Stats | None = None
-    ) -> None:
-        """Make each chain segment resident up to the tokens the chain uses, recomputing what is
-        missing from its nearest cached ancestor (counted as recomputed).
-
-        known=(start, kv): the K/V of absolute positions start.. (a segment part inside it is
-        refilled from it instead of recomputed). charge: where recomputation is counted."""
+    def ensure_resident(self, chain: Chain, known: tuple[int, Any]) -> None:
+        """Refill each chain segment up to the tokens the chain uses from known=(start, kv), the
+        K/V of absolute positions start.. (`insert`'s callers make sure it covers every gap; the
+        engine recomputes evicted K/V itself, `treesearch.engine.runner.make_resident`)."""
         import torch
 
-        charge = charge or self.stats
-        for i, (seg, used) in enumerate(chain):
+        start, kv = known
+        for seg, used in chain:
             have = seg.resident_len
             if have >= used:
                 continue
             lo, hi = seg.start + have, seg.start + used  # absolute positions missing
-            if known is not None and lo >= known[0] and hi <= known[0] + known[1].shape[3]:
-                new = known[1][:, :, :, lo - known[0] : hi - known[0]]
-            else:
-                prefix = list(chain[:i]) + ([(seg, have)] if have else [])
-                new = self.compute([prefix], [list(seg.tokens[have:used])], [lo], [charge])[0]
-                charge.recomputed_tokens += used - have
+            assert lo >= start and hi <= start + kv.shape[3], (
+                f"segment {seg.id}: positions {lo}..{hi} are evicted and not in the K/V given ({start}..)"
+            )
+            new = kv[:, :, :, lo - start : hi - start]
             self.store.refill(seg, torch.cat([seg.kv, new], dim=3) if have else new)

@@ -36,13 +36,9 @@ from treesearch.common.errors import (
     ProblemDefinitionError,
     SaveFileError,
     UsageError,
+    one_line,
 )
 from treesearch.core.problem import Problem
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception's message on one line (multi-line messages are joined with spaces)."""
-    return " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
 
 
 @dataclass(frozen=True)

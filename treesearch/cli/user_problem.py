@@ -22,8 +22,7 @@ import os
 import sys
 from typing import Any
 
-from treesearch.cli.checks import one_line
-from treesearch.common.errors import ProblemDefinitionError, UsageError
+from treesearch.common.errors import ProblemDefinitionError, UsageError, one_line
 from treesearch.core.problem import Problem, check_problem
 
 

@@ -78,3 +78,8 @@ class DistributedError(TreeSearchError):
 
 class SearchCancelled(TreeSearchError):
     """The run that this search belonged to stopped (Ctrl-C, or its caller stopped reading results)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (multi-line messages are joined with spaces)."""
+    return " ".join(part.strip() for part in str(exc).splitlines() if part.strip())

@@ -1,4 +1,4 @@
-"""The model forward: prefill, one decode step, the decode loop, label probabilities and sampling.
+"""The model forward: prefill, one decode step, label probabilities and sampling.
 
 Every forward runs a batch of rows, each extending its own cached prefix (K/V tensors handed in by
 the caller; this module never sees the cache) through shared-prefix attention
@@ -132,58 +132,6 @@ class Forward:
         self.busy_s += time.perf_counter() - t0
         self.forwards += 1
         return batch, result
-
-    def decode(
-        self,
-        batch: BatchKV,
-        logits: torch.Tensor,
-        positions: list[int],
-        write_pos: int,
-        sampling: Sampling,
-        generators: list[torch.Generator],
-        charge: Sequence[Stats],
-        on_finish: Callable[[int, int, list[int]], None],
-    ) -> tuple[list[list[int]], list[list[float]], list[str]]:
-        """The generate loop: sample every running row, feed the tokens back, repeat until each row
-        meets EOS, a stop string or max_new_tokens. Row b's first new token sits at absolute position
-        positions[b] and buffer position write_pos. on_finish(batch_row, b, tokens) runs as row b
-        finishes, before it leaves the batch. Returns per row (token ids, log p's, finish reason)."""
-        n = len(positions)
-        if self.decoder is not None and self.decoder.stale(self.lm.model):  # a weight changed in place
-            self.decoder = decoder_for(self.lm.model)
-        gens: list[list[int]] = [[] for _ in range(n)]
-        logps: list[list[float]] = [[] for _ in range(n)]
-        finish = ["length"] * n
-        active = list(range(n))  # batch row -> row
-        for step in range(sampling.max_new_tokens):
-            toks, lps = sample(logits, sampling, [generators[b] for b in active])
-            done = []
-            for j, b in enumerate(active):
-                gens[b].append(toks[j])
-                logps[b].append(lps[j])
-                reason = self.finished(gens[b], sampling)
-                if reason is None and step == sampling.max_new_tokens - 1:
-                    reason = "length"
-                if reason is not None:
-                    finish[b] = reason
-                    done.append(j)
-            for j in done:
-                on_finish(j, active[j], gens[active[j]])
-            if done:
-                keep = [j for j in range(len(active)) if j not in set(done)]
-                if not keep:
-                    break
-                batch.select(keep)
-                toks = [toks[j] for j in keep]
-                active = [active[j] for j in keep]
-            logits = self.step(
-                batch,
-                toks,
-                [positions[b] + step for b in active],
-                write_pos + step,
-                [charge[b] for b in active],
-            )
-        return gens, logps, finish
 
     def step(
         self, batch: BatchKV, toks: list[int], positions: list[int], write_pos: int, charge: Sequence[Stats]

@@ -3,12 +3,12 @@ starting from the longest cached prefix (`kv_sharing="exact"`) or from scratch (
 
 One call works in three phases:
 1. prepare: tokenize (`treesearch.engine.tokens`: known texts keep their ids, so a chain-style prompt
-   built from an earlier prompt and its generation gets exactly those ids), then let the cache
-   manager (`treesearch.cache.manager`) plan each row: its longest cached prefix under the budget, runs
-   of new tokens that several rows share (computed once), ASKS attachment (`treesearch.policies.asks`)
-   and the residency of every chain the batch attends over;
+   built from an earlier prompt and its generation gets exactly those ids), look each row up in
+   the cache (`treesearch.cache.manager`) and check the budget; at admission the runner
+   (`treesearch.engine.runner`) plans it: runs of new tokens that several rows share (computed
+   once), ASKS attachment (`treesearch.policies.asks`) and the residency of its chain;
 2. prefill: each row's remaining prompt tokens in padded batches (`treesearch.engine.forward`), at
-   most `config.step_tokens` a scheduler step (`treesearch.engine.prefill`), attending over its
+   most `config.step_tokens` a scheduler step (`treesearch.engine.scheduler`), attending over its
    cached chain and earlier parts in place (`treesearch.cache.attention`);
 3. decode (generate only): one token per row per step until EOS, a stop string or max tokens.
 The K/V of each row's new prompt tokens and of its fed-back generated tokens is kept (exact
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from treesearch.backends.protocol import FEATURES, Generation, Score
-from treesearch.cache.kvstore import Chain, KVStore
+from treesearch.cache.kvstore import KVStore
 from treesearch.cache.manager import CacheManager, Handle, Row
 from treesearch.common.config import RKSCConfig, Sampling
 from treesearch.common.errors import ContextTooLongError, ProblemDefinitionError
@@ -39,9 +39,9 @@ from treesearch.engine.forward import Forward
 from treesearch.engine.labels import first_tokens_differ, label_sequences
 from treesearch.engine.ledger import SearchLedger
 from treesearch.engine.pins import check_call_budget
+from treesearch.engine.runner import Runner
 from treesearch.engine.running import Call, GenRow, ScoreRow
 from treesearch.engine.scheduler import Scheduler, rule_key, seeded
-from treesearch.engine.scoring import score_batch
 from treesearch.engine.tokens import TokenMemory, label_token_ids
 from treesearch.models.model import LanguageModel
 from treesearch.policies import asks
@@ -68,7 +68,7 @@ class Engine:
             lm, fast_decode=self.config.fast_decode, pack_own_runs=self.config.cache_budget is None
         )
         self.cache = CacheManager(
-            lm.kv_bytes_per_token, self.config, self.stats, self._compute, share_min_tokens=share_min_tokens
+            lm.kv_bytes_per_token, self.config, self.stats, share_min_tokens=share_min_tokens
         )
         self.asks = asks.Gate(self.config.asks_alpha, self.config.asks_tau)
         self.tokens = TokenMemory(lm.tokenizer)
@@ -76,7 +76,8 @@ class Engine:
         self.name = lm.name
         self.num_layers = lm.num_layers
         self.features = frozenset(FEATURES)
-        self.scheduler = Scheduler(self, max_rows=max_batch, step_tokens=self.config.step_tokens)
+        self.runner = Runner(lm, self.config, self.cache, self.forward, self.asks, self.tokens, self.searches)
+        self.scheduler = Scheduler(self.runner, max_rows=max_batch, step_tokens=self.config.step_tokens)
         self._calls = 0
 
     @property
@@ -253,99 +254,5 @@ class Engine:
                 )
         if self.config.shares:
             self.cache.lookup(rows)
-        check_call_budget(self, rows, extra)
+        check_call_budget(self, rows, extra, rows_held=self.scheduler.rows_held())
         return rows
-
-    def plan_rows(self, rows: list[Row]) -> None:
-        """Plan rows admitted together: cached prefixes, shared runs (computed once), ASKS."""
-        if not self.config.shares:
-            return
-        self.cache.prepare(rows)
-        if self.config.kv_sharing == "asks":
-            held: list[int] = []
-            try:
-                self.asks.attach(rows, self.cache, lambda *a, **kw: self.prefill_rows(*a, held=held, **kw))
-            finally:
-                for n in held:
-                    self.cache.unreserve(n)
-
-    def prepare(self, rows: list[Row]) -> None:
-        """`plan_rows`, then pin the chains for the step and make them resident (a score batch)."""
-        if self.config.shares:
-            self.plan_rows(rows)
-            self.cache.hold(rows)
-
-    def prefill_rows(
-        self,
-        chains: list[Chain],
-        news: list[list[int]],
-        starts: list[int],
-        charge: list[Stats],
-        *,
-        held: list[int],
-        extra: int = 0,
-        want_logits: bool = False,
-        **kw: Any,
-    ):
-        """One forward of each row's new tokens over its cached chain. Its buffer is counted
-        against the budget first and appended to `held`, which the caller unreserves."""
-        need = len(news) * (max(len(t) for t in news) + extra) * self.lm.kv_bytes_per_token
-        self.cache.reserve(need)
-        held.append(need)
-        return self.forward.prefill(
-            [self.cache.prefix(c) for c in chains],
-            news,
-            starts,
-            extra=extra,
-            want_logits=want_logits,
-            charge=charge,
-            **kw,
-        )
-
-    def _compute(self, chains: list[Chain], news: list[list[int]], starts: list[int], charge: list[Stats]):
-        """The cache manager's way to compute K/V (shared runs, recomputation): each row's new K/V."""
-        held: list[int] = []
-        try:
-            batch, _ = self.prefill_rows(chains, news, starts, charge, held=held)
-            return [batch.row_kv(b, 0, len(t)) for b, t in enumerate(news)]
-        finally:
-            for n in held:
-                self.cache.unreserve(n)
-
-    def store_prompts(
-        self,
-        rows: list[Row],
-        batch,
-        lens: list[int],
-        full: Sequence[bool] | None = None,
-        batch_rows: Sequence[int | None] | None = None,
-    ) -> list:
-        """Cache each row's new prompt K/V (a row cut short by CGEE stores none); returns the ends."""
-        ends: list[Handle | None] = [None] * len(rows)
-        if not self.config.shares:
-            return ends
-        for b, r in enumerate(rows):
-            if full is None or full[b]:
-                brow = b if batch_rows is None else batch_rows[b]
-                assert brow is not None  # a row run to the last layer keeps its batch row
-                end = self.cache.store_kv(
-                    r.ids,
-                    r.matched,
-                    batch.row_kv(brow, 0, lens[b]),
-                    free_only=not r.must_store,
-                    charge=r.stats,
-                )
-                ends[b] = end
-                self.cache.count_prompt(end, r.search)
-        return ends
-
-    def score_rows(self, rows: list[Row], args: dict, owners: list, exit_rule: Any) -> list[Score]:
-        """One batch of score rows (`treesearch.engine.scoring`)."""
-        return score_batch(self, rows, args["labels"], args["seqs"], owners, exit_rule)
-
-    def finish_call(self, call: Call) -> None:
-        """A call's last row is done: its searches' distinct-token counts and K/V peaks."""
-        charge = distinct(call.charge)
-        for st in charge:
-            st.unique_tokens = self.searches.unique(st)
-        self.cache.report_peak(charge)

@@ -4,24 +4,25 @@ the preemption order, and giving it all back (`treesearch.engine.scheduler` deci
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Hashable
 
 import torch
 
 from treesearch.cache.manager import Handle, Row
 from treesearch.common.errors import CacheBudgetError
 from treesearch.engine.pins import must_store
+from treesearch.engine.runner import Runner
 from treesearch.engine.running import GenRow
 
 
 class RowMemory:
     """The budget side of the scheduler's rows, over one engine's cache manager and model."""
 
-    def __init__(self, engine: Any) -> None:
-        self.eng = engine
-        self.cache = engine.cache
-        self.config = engine.config
-        self.lm = engine.lm
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.cache = runner.cache
+        self.config = runner.config
+        self.lm = runner.lm
 
     def hold(self, g: GenRow, p: Row) -> bool:
         """Pin and make resident the row's chain and reserve its own K/V: every uncached token of
@@ -40,7 +41,7 @@ class RowMemory:
             cache.store.unpin(p.chain)  # what is pinned and running leaves too little room: wait
             return False
         try:
-            cache.ensure_resident(p.chain, charge=g.stats)
+            self.runner.make_resident(p.chain, g.stats)
             cache.reserve(need)
         except CacheBudgetError:
             cache.store.unpin(p.chain)
@@ -69,14 +70,9 @@ class RowMemory:
         last = all(cohort.live == 1 for cohort, _, _ in g.parts)  # else the parts stay where they are
         runs = [kv[:, :, :, :n] for kv, n in (g.own_runs() if last else g.chunks) if n]
         held = sum(r.shape[3] for r in runs)
-        store = self.cache.store
-        bpt = store.bytes_per_token
-        if (
-            store.budget is not None
-            and (held + extra) * bpt > store.budget - store.bytes_held - store.reserved
-        ):
+        bpt = self.cache.store.bytes_per_token
+        if not self.cache.store.try_reserve((held + extra) * bpt, evict=False):
             return False  # only in free room: a copy is worth no cached block's eviction
-        self.cache.reserve((held + extra) * bpt)
         new = self.chunk(held + extra)
         off = 0
         for r in runs:
@@ -128,7 +124,7 @@ class RowMemory:
             "raise --cache-budget or run fewer searches at once"
         )
 
-    def store_prompt(self, r: Row, kv: torch.Tensor, owner: Any) -> Handle:
+    def store_prompt(self, r: Row, kv: torch.Tensor, owner: Hashable) -> Handle:
         """Cache a generate row's new prompt K/V (a pinned owner's must stay cached; the rest only
         where it displaces nothing owned); returns where the prompt ends."""
         try:

@@ -18,11 +18,9 @@ from typing import Any
 
 import torch
 
-from treesearch.backends.protocol import Generation
 from treesearch.cache.manager import Handle, Row
 from treesearch.common.config import Sampling
 from treesearch.common.stats import Stats
-from treesearch.engine.forward import cut_at_stop
 
 
 @dataclass(eq=False)
@@ -151,25 +149,3 @@ class ScoreRow:
     def stats(self) -> Stats:
         assert self.row.stats is not None
         return self.row.stats
-
-
-def generation(engine: Any, g: GenRow) -> Generation:
-    """The result of a generate row that has ended; remembers its tokens, tags its owner."""
-    text = engine.lm.tokenizer.decode(g.gens, skip_special_tokens=True)
-    engine.remember_generation(g.prompt, g.row.ids, g.gens)
-    engine.searches.saw(g.stats, g.row.ids + g.gens[:-1])
-    g.stats.generated_tokens += len(g.gens)
-    if g.owner is not None and g.handle is not None:
-        engine.cache.tag_owners([g.handle], [g.owner])
-    assert g.finish is not None
-    return Generation(
-        text=cut_at_stop(text, g.sampling.stop),
-        token_ids=g.gens,
-        logprobs=g.logps,
-        finish=g.finish,
-        prompt_tokens=len(g.row.ids),
-        reused_tokens=g.reused_n,
-        handle=g.handle,
-        asks_ref=g.asks_ref,
-        asks_sigma=g.asks_sigma,
-    )

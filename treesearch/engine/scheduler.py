@@ -9,7 +9,7 @@ them leaves).
 
 One step (under the engine's lock, run by whichever waiting thread finds no step running):
 1. score rows that wait run, grouped by labels and exit rule, in batches that fit the budget;
-2. prefill (`treesearch.engine.prefill`), at most `step_tokens` uncached prompt tokens a step:
+2. prefill (chunked, below), at most `step_tokens` uncached prompt tokens a step:
    the next part of every admitted row whose prompt is not fully in (`filling`), then waiting
    generate rows admitted in arrival order (preempted rows first) into what is left, up to
    `max_rows` admitted: each is looked up, its chain pinned and made resident, and its K/V (its
@@ -28,7 +28,7 @@ One step (under the engine's lock, run by whichever waiting thread finds no step
 4. a row that meets EOS, a stop string or max tokens leaves at once, and a call returns to its
    search as soon as its last row is done: no barrier over searches.
 Rows carry their own seeds and prompts, so a result never depends on which rows shared a step.
-After every step each call not yet returned has rows queued or running (`check_rows`), and an
+After every step each call not yet returned has rows queued or running (`_check_rows`), and an
 error inside a step fails every call not yet returned, so no thread waits on rows that are gone.
 """
 
@@ -42,21 +42,24 @@ from typing import Any
 import torch
 
 from treesearch.cache.attention import BatchKV
+from treesearch.cache.manager import Row
 from treesearch.common.errors import CacheBudgetError, SearchCancelled
 from treesearch.engine.decoder import decoder_for
 from treesearch.engine.door import Door
 from treesearch.engine.forward import sample
 from treesearch.engine.memory import RowMemory
-from treesearch.engine.prefill import fill
-from treesearch.engine.running import Call, GenRow, ScoreRow, generation
+from treesearch.engine.pins import loosen_pins, must_store
+from treesearch.engine.runner import Runner
+from treesearch.engine.running import Call, Cohort, GenRow, ScoreRow
 from treesearch.engine.scoring import run_scores
 
 
 class Scheduler:
     """Runs the rows of every call submitted to one engine, a step at a time (see the module)."""
 
-    def __init__(self, engine: Any, *, max_rows: int, step_tokens: int = 2048) -> None:
-        self.engine = engine
+    def __init__(self, runner: Runner, *, max_rows: int, step_tokens: int = 2048) -> None:
+        self.runner = runner
+        self.cache = runner.cache
         self.max_rows = max_rows
         self.step_tokens = step_tokens
         self.door = Door()  # the engine's lock; threads that want it between steps go first
@@ -67,7 +70,7 @@ class Scheduler:
         self.filling: list[GenRow] = []  # admitted, their prompts not fully prefilled yet
         self.backoff = False  # a row was preempted: admit none while rows run, until one leaves
         self.running: list[GenRow] = []
-        self.memory = RowMemory(engine)
+        self.memory = RowMemory(runner)
         self._busy = False
         self._order = itertools.count()
         self.on_step: Callable[[], None] | None = None  # called after every step (tests check invariants)
@@ -175,7 +178,7 @@ class Scheduler:
 
     # -- one step -------------------------------------------------------------------------------------
     def _step(self) -> None:
-        cache = self.engine.cache
+        cache = self.cache
         ready = self.rows_held() + len(self.gen_wait)
         charge = None
         try:
@@ -193,32 +196,170 @@ class Scheduler:
             self.steps += 1
         if self.on_step is not None:
             self.on_step()
-        check_rows(self)
+        self._check_rows()
 
     def _fill(self) -> None:
-        """Admit and prefill (a part of each long prompt, `treesearch.engine.prefill`); rows whose
-        prompt is in join the running rows, fresh ones with their first token."""
-        done, fresh, logits = fill(self)
+        """Admit and prefill (a part of each long prompt, below); rows whose prompt is in join the
+        running rows, fresh ones with their first token."""
+        left = self.step_tokens - sum(g.todo() for g in self.filling)
+        if self.gen_wait and left > 0 and not (self.backoff and self.running):
+            self._admit(left)  # after a preemption, rows wait for a running row to finish (no thrash)
+        done, fresh, logits = self._prefill_parts()
         self.running.extend(done)
         if fresh:
             assert logits is not None
             self._sample(fresh, logits)
 
+    # -- admission and chunked prefill ---------------------------------------------------------------
+    def _admit(self, left: int) -> None:
+        """Waiting rows, in order, while `left` prompt tokens remain this step and `max_rows` allow:
+        planned together (`Runner.plan_rows`), then held one by one (`RowMemory.hold`) until one does
+        not fit; they join `filling`. A row that cannot fit with nothing else holding K/V
+        (`_hold_alone`) lets go of planning's pins, then runs without its cached prefix (bare), or,
+        if even that cannot fit, fails its call."""
+        picked: list[GenRow] = []
+        est = 0
+        while self.gen_wait and est < left and self.rows_held() + len(picked) < self.max_rows:
+            g = self.gen_wait.popleft()
+            est += len(g.context) - (1 if g.gens else 0) - g.row.matched  # uncached when it was submitted
+            picked.append(g)
+        plans = []
+        for g in picked:
+            ids = g.row.ids + g.gens[:-1]  # a resumed row computes its fed tokens again
+            keep = must_store(self.cache, g.row, g.owner) and not g.gens
+            plans.append(Row(ids=ids, stats=g.stats, search=g.row.search, must_store=keep))
+            plans[-1].bare = g.row.bare
+        no_room: CacheBudgetError | None = None
+        try:
+            self.runner.plan_rows(plans)
+        except CacheBudgetError as exc:  # planning's own forwards (ASKS) found no room: all wait
+            no_room = exc
+        admitted: list[GenRow] = []
+        for g, p in zip(picked, plans):
+            if left <= 0 or no_room is not None:
+                break
+            ok = self.memory.hold(g, p)
+            if not ok and not admitted and not self.rows_held():
+                ok = self._hold_alone(g, p)
+            if not ok:
+                break
+            left -= len(p.ids) - p.matched
+            g.order = self.next_order()
+            g.stats.recomputed_tokens += p.cut
+            if not g.reused:
+                g.asks_sigma = p.asks_sigma
+                ref = None if p.asks_ref is None else picked[p.asks_ref]
+                g.asks_ref = None if ref is None or ref.call is not g.call else ref.index
+            admitted.append(g)
+        for g in reversed(picked[len(admitted) :]):
+            self.gen_wait.appendleft(g)
+        if not admitted and picked and not self.rows_held():  # nothing holds room that could free: never fits
+            self.fail_call(picked[0].call, no_room or self.memory.no_room(picked[0]))
+        self.filling.extend(admitted)
+
+    def _hold_alone(self, g: GenRow, p: Row) -> bool:
+        """The first row to admit did not fit, and no admitted row holds K/V: before its call fails,
+        let go of what planning pinned for this step (the shared runs it stored, which no row holds
+        yet: they may be evicted and recomputed) and, on an engine that searches share, the root
+        prompts' pins (`treesearch.engine.pins`), then, with sharing on, try the row without its
+        cached prefix (bare: too little room for that context and its buffer)."""
+        self.cache.end_call(g.stats)
+        if self.memory.hold(g, p):
+            return True
+        if loosen_pins(self.runner) and self.memory.hold(g, p):
+            return True
+        if not self.runner.config.shares or p.bare:
+            return False
+        p.bare, g.row.bare = True, True
+        self.cache.lookup([p])
+        return bool(self.memory.hold(g, p))
+
+    def _prefill_parts(self) -> tuple[list[GenRow], list[GenRow], torch.Tensor | None]:
+        """One forward: the next part of each filling row (oldest first) within `step_tokens` whose
+        share of the cohort's padding fits the budget; then the rows whose prompt is fully in.
+        The rows of one forward (a cohort) share one buffer, padded to the longest part; the
+        padding is reserved with the cohort, and a row whose padding does not fit waits a step (a
+        cohort's first row needs none, so every step with rows to fill prefills some). Returns
+        (rows whose prompt is now in, those of them that sample a first token, their logits)."""
+        cache = self.cache
+        bpt = cache.store.bytes_per_token
+        left = self.step_tokens
+        rows: list[GenRow] = []
+        parts: list[int] = []
+        pad = 0  # tokens of padding in the cohort's buffer: rows x longest part - the parts
+        for g in self.filling:
+            if left <= 0:
+                break
+            n = min(g.todo(), left)
+            grown = (len(rows) + 1) * max([n, *parts]) - sum(parts) - n
+            if grown > pad:
+                try:
+                    cache.reserve((grown - pad) * bpt)
+                except CacheBudgetError:
+                    continue  # its part waits a step: rows that finish or fill give back room
+                pad = grown
+            rows.append(g)
+            parts.append(n)
+            left -= n
+        if not rows:
+            return [], [], None
+        plans: list[Row] = [g.plan for g in rows]  # type: ignore[misc]
+        starts = [p.matched + g.filled for g, p in zip(rows, plans)]
+        try:
+            batch, logits = self.runner.forward.prefill(
+                [cache.prefix(p.chain) + g.own_runs() for g, p in zip(rows, plans)],
+                [p.ids[s : s + n] for p, s, n in zip(plans, starts, parts)],
+                starts,
+                extra=0,
+                want_logits=True,
+                charge=[g.stats for g in rows],
+            )
+        except BaseException:
+            cache.unreserve(pad * bpt)
+            raise
+        cohort = Cohort(batch, (sum(parts) + pad) * bpt, len(rows))
+        done, fresh = [], []
+        for b, (g, n) in enumerate(zip(rows, parts)):
+            g.parts.append((cohort, b, n))
+            g.filled += n
+            g.fill_bytes -= n * bpt  # those bytes are the cohort's now
+            if g.todo() == 0:
+                done.append(g)
+                if self._prompt_in(g):
+                    fresh.append(b)
+        for g in done:
+            self.filling.remove(g)
+        return done, [rows[b] for b in fresh], logits[fresh] if fresh else logits[:0]
+
+    def _prompt_in(self, g: GenRow) -> bool:
+        """A row's context is fully prefilled: count its reuse (first admission) or its recomputation
+        (a preempted row's), store its new prompt K/V; True when it samples its first token now."""
+        p = g.plan
+        assert p is not None
+        if g.reused:  # a preempted row: all it computed now it had computed before
+            g.stats.recomputed_tokens += len(p.ids) - p.matched
+            return False
+        g.reused, g.reused_n = True, p.matched - p.prepass
+        g.stats.reused_tokens += g.reused_n
+        if self.runner.config.shares:
+            g.handle = self.memory.store_prompt(p, g.prompt_kv(), g.owner)
+        return True
+
     def _decode(self, ready: int) -> None:
-        eng, cache = self.engine, self.engine.cache
+        run, cache = self.runner, self.cache
         for g in sorted(self.running, key=self.memory.rank, reverse=True):  # the most valuable grows first
             if g in self.running and g.room() == 0:
                 self._grow(g)
         rows = list(self.running)  # the step's buffer, a token a row, was reserved at admission
         if not rows:
             return
-        lm = eng.lm
-        fwd = eng.forward
+        lm = run.lm
+        fwd = run.forward
         if fwd.decoder is not None and fwd.decoder.stale(lm.model):  # a weight changed in place
             fwd.decoder = decoder_for(lm.model)
         batch = BatchKV(lm.num_layers, len(rows), lm.num_kv_heads, lm.head_dim, 1, lm.dtype, lm.device)
         batch.set_prefixes([cache.prefix(g.plan.chain) + g.own_runs() for g in rows])  # type: ignore[union-attr]
-        logits = eng.forward.step(
+        logits = fwd.step(
             batch,
             [g.gens[-1] for g in rows],
             [len(g.context) - 1 for g in rows],
@@ -244,7 +385,7 @@ class Scheduler:
                 g = rows[b]
                 g.gens.append(t)
                 g.logps.append(lp)
-                g.finish = self.engine.forward.finished(g.gens, sampling)
+                g.finish = self.runner.forward.finished(g.gens, sampling)
                 if g.finish is None and len(g.gens) >= sampling.max_new_tokens:
                     g.finish = "length"
         for g in rows:
@@ -260,18 +401,18 @@ class Scheduler:
             return
         while g in self.running:
             try:
-                self.engine.cache.reserve(n * self.engine.cache.store.bytes_per_token)
+                self.cache.reserve(n * self.cache.store.bytes_per_token)
             except CacheBudgetError:
                 self._preempt(self._victim())
                 continue
             g.chunks.append([self.memory.chunk(n), 0])
-            g.chunk_bytes += n * self.engine.cache.store.bytes_per_token
+            g.chunk_bytes += n * self.cache.store.bytes_per_token
             return
 
     def _victim(self) -> GenRow:
         if not self.rows_held():
             raise CacheBudgetError(
-                f"cache_budget={self.engine.cache.store.budget} bytes leave no room for one decode step; "
+                f"cache_budget={self.cache.store.budget} bytes leave no room for one decode step; "
                 "raise --cache-budget or run fewer searches at once"
             )
         return min([*self.running, *self.filling], key=self.memory.rank)
@@ -295,23 +436,22 @@ class Scheduler:
 
     # -- rows and calls ending ----------------------------------------------------------------------
     def _leave(self, g: GenRow) -> None:
-        eng = self.engine
         fed = len(g.gens) - 1
-        if eng.config.shares and fed > 0 and g.handle is not None:
+        if self.runner.config.shares and fed > 0 and g.handle is not None:
             ctx = g.row.ids + g.gens[:fed]
             assert g.plan is not None
             start = max(len(g.row.ids), g.plan.matched)  # a resumed row may have found fed tokens cached
             if start < len(ctx):
                 kv = g.own_kv(start)[:, :, :, : len(ctx) - start]
-                g.handle = eng.cache.store_kv(ctx, start, kv, free_only=True, charge=g.stats)
+                g.handle = self.cache.store_kv(ctx, start, kv, free_only=True, charge=g.stats)
         self._free(g)
         self.backoff = False  # room that stays free: waiting rows may be admitted again
-        g.call.deliver(g.index, generation(eng, g))
+        g.call.deliver(g.index, self.runner.generation(g))
         self.maybe_done(g.call)
 
     def maybe_done(self, call: Call) -> None:
         if call.left == 0 and not call.done:
-            self.engine.finish_call(call)
+            self.runner.finish_call(call)
             call.done = True
 
     def fail_call(self, call: Call, exc: BaseException) -> None:
@@ -331,21 +471,20 @@ class Scheduler:
         for call in list(self._live.values()):  # every queued row's call is live too
             if not call.done:
                 self.fail_call(call, exc)
-        self.engine.cache.end_call()
+        self.cache.end_call()
 
-
-def check_rows(sched: Scheduler) -> None:
-    """After a step: every call not yet returned has rows queued or running (or was cancelled).
-    One whose rows are nowhere would have its thread run empty steps forever, so that is an error."""
-    if sched.gen_wait or sched.score_wait or sched.filling or sched.running:
-        return
-    lost = [c for c in sched._live.values() if not c.done and c.cancelled is None]
-    if lost:
-        raise RuntimeError(
-            f"internal error: the scheduler holds no rows of {len(lost)} unfinished call(s) "
-            f"({', '.join(f'{c.kind}: {c.left} of {c.n} rows left' for c in lost[:4])}); "
-            "this is a bug in treesearch, please report it with the command that ran"
-        )
+    def _check_rows(self) -> None:
+        """After a step: every call not yet returned has rows queued or running (or was cancelled).
+        One whose rows are nowhere would have its thread run empty steps forever, so that is an error."""
+        if self.gen_wait or self.score_wait or self.filling or self.running:
+            return
+        lost = [c for c in self._live.values() if not c.done and c.cancelled is None]
+        if lost:
+            raise RuntimeError(
+                f"internal error: the scheduler holds no rows of {len(lost)} unfinished call(s) "
+                f"({', '.join(f'{c.kind}: {c.left} of {c.n} rows left' for c in lost[:4])}); "
+                "this is a bug in treesearch, please report it with the command that ran"
+            )
 
 
 def rule_key(rule: Any) -> Hashable:

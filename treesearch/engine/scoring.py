@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, Protocol
 
 from treesearch.backends.protocol import Score
 from treesearch.cache.manager import CacheManager, Row, bare_copy
@@ -14,7 +14,8 @@ from treesearch.common.errors import CacheBudgetError
 from treesearch.common.stats import Stats
 from treesearch.engine.labels import label_tails
 from treesearch.engine.pins import loosen_pins, must_store
-from treesearch.engine.running import ScoreRow
+from treesearch.engine.runner import Runner
+from treesearch.engine.running import Call, ScoreRow
 from treesearch.policies.cgee import RowExits
 
 
@@ -23,21 +24,33 @@ def _stats(r: Row) -> Stats:
     return r.stats
 
 
+class ScoreQueue(Protocol):
+    """The scheduler as a step's scoring sees it: the waiting score rows and how calls end."""
+
+    runner: Runner
+    score_wait: list[ScoreRow]
+    max_rows: int
+
+    def rows_held(self) -> int: ...
+    def fail_call(self, call: Call, exc: BaseException) -> None: ...
+    def maybe_done(self, call: Call) -> None: ...
+
+
 def score_batch(
-    engine: Any,
+    runner: Runner,
     rows: list[Row],
     labels: list[str],
     seqs: list[list[int]],
     owners: list | None,
     exit_rule: Any,
 ) -> list[Score]:
-    """Score rows (looked up) on `engine`: prepare and hold their chains, run the pass, store each
-    full row's prompt K/V and tag its owner."""
-    engine.prepare(rows)
+    """Score rows (looked up): prepare and hold their chains, run the pass, store each full row's
+    prompt K/V and tag its owner."""
+    runner.prepare(rows)
     news = [r.ids[r.matched :] for r in rows]
     held: list[int] = []
     try:
-        batch, out = engine.prefill_rows(
+        batch, out = runner.prefill_rows(
             [r.chain for r in rows],
             news,
             [r.matched for r in rows],
@@ -54,12 +67,12 @@ def score_batch(
             per = [(out.probs[b], out.layers[b], out.batch_row[b]) for b in range(len(rows))]
         else:
             per = [(out[0][b], out[1], b) for b in range(len(rows))]
-        full = [layers == engine.lm.num_layers for _, layers, _ in per]
-        tails = label_tails(engine.forward, engine.cache, rows, batch, per, full, seqs, held)
-        ends = engine.store_prompts(rows, batch, [len(t) for t in news], full, [p[2] for p in per])
+        full = [layers == runner.lm.num_layers for _, layers, _ in per]
+        tails = label_tails(runner.forward, runner.cache, rows, batch, per, full, seqs, held)
+        ends = runner.store_prompts(rows, batch, [len(t) for t in news], full, [p[2] for p in per])
     finally:
         for n in held:
-            engine.cache.unreserve(n)
+            runner.cache.unreserve(n)
     results = []
     for b, r in enumerate(rows):
         probs, layers_run, _ = per[b]
@@ -71,7 +84,7 @@ def score_batch(
         else:
             raw = {lab: float(probs[k]) for k, lab in enumerate(labels)}
         tot = sum(raw.values()) or 1.0
-        engine.searches.saw(_stats(r), r.ids)
+        runner.searches.saw(_stats(r), r.ids)
         results.append(
             Score(
                 probs={k: v / tot for k, v in raw.items()},
@@ -84,7 +97,7 @@ def score_batch(
             )
         )
     if owners is not None:
-        engine.cache.tag_owners([s.handle for s in results], owners)
+        runner.cache.tag_owners([s.handle for s in results], owners)
     return results
 
 
@@ -129,7 +142,7 @@ def fits_beside_running(cache: CacheManager, part: list[Row], rows: list[Row]) -
     return cache.need_bytes(part, 0, must) + store.reserved <= store.budget
 
 
-def run_scores(sched: Any) -> None:
+def run_scores(sched: ScoreQueue) -> None:
     """The step's score rows: grouped by labels and exit rule, each group in batches that fit."""
     groups: dict[Hashable, list[ScoreRow]] = {}
     for it in sched.score_wait:
@@ -139,39 +152,41 @@ def run_scores(sched: Any) -> None:
             return
 
 
-def _score_group(sched: Any, items: list[ScoreRow]) -> bool:
+def _score_group(sched: ScoreQueue, items: list[ScoreRow]) -> bool:
     """Score the rows of calls with one key in batches that fit; False when one must wait."""
-    eng = sched.engine
+    run = sched.runner
     args = items[0].call.args
     rule = args["exit_rule"]
     if rule is not None and len({id(it.call) for it in items}) > 1:
         rule = rule.fresh()  # an equivalent rule with no memory of any row (see `Engine.score`)
     rows = [it.row for it in items]
     for it in items:  # its owner's prompt may have been unpinned since (`treesearch.engine.pins`)
-        it.row.must_store = must_store(eng.cache, it.row, it.owner)
-    if eng.config.shares:
-        eng.cache.lookup(rows)
-    for idx in plan_batches(eng.cache, rows, 0, sched.max_rows):
+        it.row.must_store = must_store(run.cache, it.row, it.owner)
+    if run.config.shares:
+        run.cache.lookup(rows)
+    for idx in plan_batches(run.cache, rows, 0, sched.max_rows):
         part = [items[i] for i in idx]
-        if sched.rows_held() and not fits_beside_running(eng.cache, [p.row for p in part], rows):
+        if sched.rows_held() and not fits_beside_running(run.cache, [p.row for p in part], rows):
             return False  # waits for running rows to finish, before recomputing any of its context
         try:
-            out = eng.score_rows([p.row for p in part], args, [p.owner for p in part], rule)
+            out = score_batch(
+                run, [p.row for p in part], args["labels"], args["seqs"], [p.owner for p in part], rule
+            )
         except CacheBudgetError as exc:
-            eng.cache.end_call(part[0].stats)
+            run.cache.end_call(part[0].stats)
             if len(part) > 1:  # too little room for the batch: its halves, one after the other
                 h = len(part) // 2
                 return _score_group(sched, part[:h]) and _score_group(sched, part[h:])
-            if not part[0].row.bare and eng.config.shares and not sched.rows_held():
+            if not part[0].row.bare and run.config.shares and not sched.rows_held():
                 part[0].row.bare = True  # its cached context and its buffer do not fit together
                 return _score_group(sched, part)
             if sched.rows_held():
                 return False  # waits for running rows to finish
-            if loosen_pins(eng):  # the root prompts' pins held the room: evictable now
+            if loosen_pins(run):  # the root prompts' pins held the room: evictable now
                 return _score_group(sched, part)
             sched.fail_call(part[0].call, exc)
             return False
-        eng.cache.end_call(part[0].stats)
+        run.cache.end_call(part[0].stats)
         for p, res in zip(part, out):
             ref = res.asks_ref
             res.asks_ref = None if ref is None or part[ref].call is not p.call else part[ref].index

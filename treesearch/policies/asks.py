@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -125,6 +125,17 @@ def pooled(hidden: Sequence[torch.Tensor], row: int, lo: int, hi: int) -> torch.
     return torch.stack([h[row, lo:hi].float().mean(dim=0) for h in hidden])
 
 
+class PrefixCache(Protocol):
+    """What the pre-pass needs of the cache (the local engine hands its
+    `treesearch.engine.runner.AsksCache`): pins for the call, residency, free room, insert, lookup."""
+
+    def pin(self, chain: list) -> None: ...
+    def ensure_resident(self, chain: list, *, charge: Any = None) -> None: ...
+    def fits_free(self, token_runs: list[int]) -> bool: ...
+    def insert(self, ids: list[int], start: int, kv: Any, **kw: Any) -> Any: ...
+    def lookup(self, rows: list) -> None: ...
+
+
 class Gate:
     """ASKS for one engine: the attach step and its records, every gate decision (`log`: sigma,
     attached, tokens reused) and which segment took its K/V from which (`refs`: segment id ->
@@ -135,11 +146,11 @@ class Gate:
         self.log: list[dict] = []
         self.refs: dict[int, int] = {}
 
-    def attach(self, rows: list, cache: Any, prefill: Callable[..., Any]) -> None:
+    def attach(self, rows: list, cache: PrefixCache, prefill: Callable[..., Any]) -> None:
         """One pre-pass computes each reference row up to its last token and each candidate row up
         to its common suffix, capturing hidden states; candidates whose gate opens take the
         reference's K/V for the suffix (all but the last token). rows: `treesearch.cache.manager.Row`s
-        already looked up (each counted in its row's stats); cache: their `CacheManager`;
+        already looked up (each counted in its row's stats); cache: their cache (`PrefixCache`);
         prefill(chains, news, starts, charge, capture=list) -> (batch, _) runs the model."""
         pairs = pair_rows([r.ids for r in rows], [r.matched for r in rows], groups=[r.search for r in rows])
         if not pairs:
