@@ -52,6 +52,7 @@ def test_model_help_names_the_installable_models(command, capsys):
 @pytest.mark.parametrize("command", ["run", "solve"])
 def test_task_help_says_which_tasks_have_a_search_problem(command, capsys):
     assert (
-        "task task name: game24, gsm8k (arc_challenge and mmlu_stem: no search Problem, for bench and "
+        "task task name: countdown, game24, gsm8k (arc_challenge and mmlu_stem: no search Problem, for "
+        "bench and "
         "calibrate only); or your own treesearch.Problem subclass as MODULE:CLASS"
     ) in help_text(command, capsys)

@@ -78,8 +78,8 @@ def load_model(
     """
     for hook in list(LOAD_HOOKS):
         hook(name)
-    check_quantization(quantization)
     bounded_openmp_wait()  # before torch loads (`treesearch.common.threads`)
+    check_quantization(quantization)  # (imports torch)
     check_model(name)
     dtype = resolve_dtype(dtype)
     device = device or "cpu"
