@@ -14,7 +14,8 @@ import pytest
 import strategies
 from treesearch import Sampling, Searcher, SearchResult
 from treesearch.cli.main import answer_lines
-from treesearch.tasks import GSM8K, TASKS, Game24
+from treesearch.tasks import GSM8K, TASKS, Countdown, Game24
+from treesearch.tasks.arith import evaluate, fmt
 
 LINE = re.compile(
     r"(?:answer: |no solution found; best attempt: )(?P<answer>.*) \(node #(?P<node>\d+), "
@@ -44,6 +45,12 @@ CASES = {
     "quickstart": quickstart,
     "game24-cot": lambda: (Game24(cot_max_new_tokens=96), strategies.CoT(), {}, "4 5 6 10"),
     "gsm8k": gsm8k_search,
+    "countdown-cot": lambda: (
+        Countdown(cot_max_new_tokens=64),
+        strategies.CoT(),
+        {},
+        "target: 23; numbers: 4 8 11",
+    ),
     "gsm8k-cot": lambda: (
         GSM8K(cot_max_new_tokens=64),
         strategies.CoT(),
@@ -70,6 +77,9 @@ def test_the_printed_saved_and_returned_answer_is_the_text_of_the_node_it_names(
     assert node == result.answer_node and answer == result.answer
     if problem.name == "game24" and not isinstance(strategy, strategies.CoT):
         assert thought == f"Answer: {answer}"  # the answer step's line, exactly
+    elif problem.name == "countdown":  # the expression as the thought writes it, and its true value
+        expr, value = answer.rsplit(" = ", 1)
+        assert f"Answer: {expr} =" in thought and value == fmt(evaluate(expr).value)
     else:
         assert answer in thought  # the number (gsm8k) or answer line (CoT) as the thought writes it
     saved = SearchResult.load(result.save(tmp_path / "r.json"), problem)

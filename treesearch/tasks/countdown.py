@@ -286,8 +286,16 @@ class Countdown(Problem):
         return expr is not None and answer_rejection(expr, state.puzzle, state.target) is None
 
     def answer(self, state: CountdownState) -> str | None:
+        """The expression and the value it really has (never the target it was meant to reach)."""
         expr = self._expression(state)
-        return None if expr is None else f"{expr} = {state.target}"
+        if expr is None:
+            return None
+        if state.answer is None:  # the last number left, made by the verified steps
+            return f"{expr} = {fmt(state.numbers[0][0])}"
+        try:
+            return f"{expr} = {fmt(evaluate(expr).value)}"
+        except ParseError:
+            return expr
 
     def _expression(self, state: CountdownState) -> str | None:
         if state.answer is not None:
