@@ -56,8 +56,20 @@ def _cell(text: str) -> str:
 
 
 def cli_page() -> str:
-    """docs/reference/cli.md: each command's usage and a table of its arguments, from the parsers."""
+    """docs/reference/cli.md: each command's usage and a table of its arguments, from the parsers
+    (argparse wrapping at a fixed $COLUMNS, the caller's own value put back after)."""
+    before = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = WIDTH
+    try:
+        return _cli_page()
+    finally:
+        if before is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = before
+
+
+def _cli_page() -> str:
     lines = [
         "# Commands and flags",
         "",
