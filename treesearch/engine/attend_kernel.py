@@ -21,8 +21,6 @@ the torch-op attention. tests/engine/test_attend_kernel.py checks it against flo
 from __future__ import annotations
 
 import ctypes
-import os
-import subprocess
 from typing import Any
 
 import torch
@@ -251,17 +249,7 @@ _state: dict[str, Any] = {}
 def load() -> Any:
     """The compiled `ts_attend`, or None where it cannot be had (see `reason()`); built once per
     process."""
-    if "fn" not in _state:
-        if os.environ.get("TREESEARCH_RUNS_KERNEL", "1") == "0":
-            _state["fn"], _state["reason"] = None, "off: TREESEARCH_RUNS_KERNEL=0"
-        else:
-            try:
-                dll, openmp = runs_kernel.build(SOURCE, "attend", "ts_attend", _ARGS)
-                _state["fn"] = dll.ts_attend
-                _state["reason"] = "compiled" if openmp else "compiled without OpenMP (one thread)"
-            except (OSError, subprocess.SubprocessError) as e:
-                _state["fn"], _state["reason"] = None, f"not available: {e}"
-    return _state["fn"]
+    return runs_kernel.load_once(_state, SOURCE, "attend", "ts_attend", _ARGS)
 
 
 def reason() -> str:

@@ -198,17 +198,23 @@ _ARGS = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64, _I64]
 def load() -> Any:
     """The compiled `ts_attend_runs`, or None where it cannot be had (see `reason()`); built once
     per process."""
-    if "fn" not in _state:
+    return load_once(_state, SOURCE, "runs", "ts_attend_runs", _ARGS)
+
+
+def load_once(state: dict[str, Any], source: str, name: str, symbol: str, args: list) -> Any:
+    """A compiled kernel's function, built at the first call and kept in `state` with the reason it
+    is or is not there (off with TREESEARCH_RUNS_KERNEL=0; None where it cannot be built)."""
+    if "fn" not in state:
         if os.environ.get("TREESEARCH_RUNS_KERNEL", "1") == "0":
-            _state["fn"], _state["reason"] = None, "off: TREESEARCH_RUNS_KERNEL=0"
+            state["fn"], state["reason"] = None, "off: TREESEARCH_RUNS_KERNEL=0"
         else:
             try:
-                dll, openmp = build(SOURCE, "runs", "ts_attend_runs", _ARGS)
-                _state["fn"] = dll.ts_attend_runs
-                _state["reason"] = "compiled" if openmp else "compiled without OpenMP (one thread)"
+                dll, openmp = build(source, name, symbol, args)
+                state["fn"] = getattr(dll, symbol)
+                state["reason"] = "compiled" if openmp else "compiled without OpenMP (one thread)"
             except (OSError, subprocess.SubprocessError) as e:
-                _state["fn"], _state["reason"] = None, f"not available: {e}"
-    return _state["fn"]
+                state["fn"], state["reason"] = None, f"not available: {e}"
+    return state["fn"]
 
 
 def reason() -> str:
