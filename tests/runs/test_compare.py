@@ -135,7 +135,9 @@ def test_compare_command_prints_the_table_and_writes_json(tmp_path):
     done = cli(str(pa), str(pb), "--json", str(tmp_path / "c.json"))
     assert done.returncode == 0, done.stderr
     assert "both solved 2, only A 4, only B 1, neither 3" in done.stdout and "p = 0.375" in done.stdout
-    assert json.loads((tmp_path / "c.json").read_text())["p_value"] == 0.375
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["p_value"] == 0.375 and (doc["a"], doc["b"]) == (str(pa), str(pb))
+    assert doc["command"] == f"treesearch compare {pa} {pb} --json {tmp_path / 'c.json'}"
     assert "torch" not in done.stderr
 
 

@@ -211,20 +211,38 @@ def plot_decode_step(doc: dict, path: Path) -> None:
 
 
 def accuracy(docs: list[tuple[str, dict]]) -> list[str]:
-    """`treesearch run --json` summaries side by side: accuracy with its 95% interval."""
+    """`treesearch run --json` summaries side by side: accuracy with its 95% interval, and what a
+    problem cost (tokens computed and wall seconds per searched input)."""
     lines = [
-        "| task | model | strategy | solved | accuracy (95% CI) | tokens computed | wall s | inputs/h |",
+        "| task | model | precision | strategy | solved | accuracy (95% CI) | tokens/problem | s/problem |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for _, d in docs:
-        tokens = (d.get("tokens") or {}).get("prefill_tokens", 0) + (d.get("tokens") or {}).get(
-            "decode_tokens", 0
-        )
+        t = d.get("tokens") or {}
+        n = max(int(d.get("inputs_run") or d["searched"] or 1), 1)
+        tokens = (t.get("prefill_tokens", 0) + t.get("decode_tokens", 0)) / n
         lines.append(
-            f"| {d.get('task')} | {d.get('model')} | {d.get('strategy')} | "
-            f"{d['solved']} of {d['searched']} | "
-            f"{d['accuracy']:.2f} ({d['accuracy_low']:.2f}-{d['accuracy_high']:.2f}) | {tokens:,} | "
-            f"{d['wall_s']:.1f} | {d['inputs_per_hour']:.0f} |"
+            f"| {d.get('task')} | {d.get('model')} | {d.get('quantization') or 'float32'} | "
+            f"{d.get('strategy')} | {d['solved']} of {d['searched']} | "
+            f"{d['accuracy']:.2f} ({d['accuracy_low']:.2f}-{d['accuracy_high']:.2f}) | {tokens:,.0f} | "
+            f"{d['wall_s'] / n:.1f} |"
+        )
+    return lines
+
+
+def comparisons(docs: list[tuple[str, dict]]) -> list[str]:
+    """`treesearch compare --json` reports: two runs paired on their common rows."""
+    lines = [
+        "| A | B | rows | both | only A | only B | neither | A - B (95% CI) | McNemar p "
+        "| tokens/problem A, B |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for _, d in docs:
+        a, b = (Path(str(d.get(k, k))).stem for k in ("a", "b"))
+        lines.append(
+            f"| {a} | {b} | {d['rows']} | {d['both']} | {d['only_a']} | {d['only_b']} | {d['neither']} | "
+            f"{d['difference']:+.3f} ({d['difference_low']:+.3f} to {d['difference_high']:+.3f}) | "
+            f"{d['p_value']:.3g} | {d['tokens_a']:,.0f}, {d['tokens_b']:,.0f} |"
         )
     return lines
 
@@ -415,6 +433,10 @@ def page(name: str, data: Path, calibrations_dir: Path) -> Page:
             ]
             lines += [f"- {caption(doc, f'data/{n}')}" for n, doc in files]
             plots["accuracy.png"] = partial(plot_accuracy, files)
+        pairs = load(data, "compare-")
+        if pairs:
+            lines += ["", "### Paired", "", *comparisons(pairs), ""]
+            lines += [f"- `{doc.get('command', 'command not recorded')}` (`data/{n}`)" for n, doc in pairs]
     elif name == "claims":
         lines = _section(
             load(data, "claims-"),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from treesearch.cli.parser import ArgumentParser
@@ -36,6 +37,8 @@ def cmd_compare(argv: list[str]) -> int:
         )
     print("\n".join(report(c, args.a, args.b)))
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(c.to_dict(), indent=1))
+        command = "treesearch compare " + " ".join(shlex.quote(a) for a in argv)
+        doc = {"a": args.a, "b": args.b, "command": command, **c.to_dict()}
+        Path(args.json_path).write_text(json.dumps(doc, indent=1))
         print(f"wrote {args.json_path}")
     return 0

@@ -250,6 +250,7 @@ def run_report(args: argparse.Namespace, summary: Any, recorded: dict) -> dict:
         "task": args.task,
         "strategy": args.strategy,
         "model": args.model or DEFAULT_MODEL_NAME,
+        "quantization": getattr(args, "quantization", None) or "float32",
         "command": "treesearch " + shlex.join(argv) if argv is not None else None,
         "machine": where,
         "recorded": recorded,
