@@ -276,8 +276,10 @@ class TableOps:
         self.tree.set_status(node, "solution")
 
     def _flags(self, state: Any) -> tuple[bool, bool]:
-        terminal = bool(self.problem.is_terminal(state))
-        return terminal, bool(terminal and self.problem.is_solved(state))
+        """As the real Searcher's (`treesearch.search.expansion.state_flags`)."""
+        p = self.problem
+        terminal = bool(p.is_terminal(state))
+        return terminal, bool(terminal and not p.graded_by_reference and p.is_solved(state))
 
 
 class TableSearcher(Recording, TableOps):

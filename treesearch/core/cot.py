@@ -31,6 +31,7 @@ class ChainOfThought(Problem):
             )
         self.task = task
         self.name = task.name
+        self.graded_by_reference = task.graded_by_reference
         self.sampling = task.cot_sampling
 
     def check_input(self, x: Any) -> None:

@@ -16,6 +16,11 @@ Contract (each method is called by the `Searcher`, never by strategies directly)
   renormalised over the labels; `treesearch.engine.labels`).
 - `is_terminal(state)`, `is_solved(state)`, `answer(state)`; optional `rejection_reason(state)`:
   why a state's answer is not a solution, in one line (`SearchResult.rejection`; default None).
+- `graded_by_reference`: True when `is_solved` compares the answer with a reference answer the
+  search must not see (a test set's gold answer, as GSM8K's), rather than checking it by itself
+  (as Game of 24's arithmetic check does). The search then never chooses by it: no node is marked
+  solved while searching, and the answer comes from the strategy's choice and the values alone;
+  `is_solved` only grades the answer found (`SearchResult.solved`). Default False.
 - `score_legend()`: what a node's score means, for the tree views' legends (default: from
   `value_range` and `labels`).
 - `value_range`: (low, high) that every value must fall in; NaN or out-of-range values raise.
@@ -56,6 +61,7 @@ class Problem:
     value_range: tuple[float, float] = (-math.inf, math.inf)
     max_depth: int = 4
     samples_per_expand: int = 1
+    graded_by_reference: bool = False  # is_solved reads a reference answer: a grade, not a check
     sampling: Sampling = Sampling(max_new_tokens=128, stop=("\n\n",))
 
     # -- required --------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ def answer_node(tree: ThoughtTree, problem: Problem, best: int | None) -> int | 
     """The node whose answer the search reports: the strategy's `best` if it states one (the
     problem's `answer(state)` is not None), else the best node that does -- solved first, then
     by value, then lower id; pruned nodes count (a strategy may prune an answer it values low).
+    "Solved" counts only where the problem checks answers by itself (not `graded_by_reference`).
     None when no node states an answer.
 
     Why: strategies pick `best` by their own criteria (value, path score, visits), and that may
@@ -27,7 +28,8 @@ def answer_node(tree: ThoughtTree, problem: Problem, best: int | None) -> int | 
 
     def rank(n: int) -> tuple:
         d = tree.node(n)
-        return (bool(p.is_solved(d["state"])), float("-inf") if d["score"] is None else d["score"], -n)
+        checked = not p.graded_by_reference and bool(p.is_solved(d["state"]))
+        return (checked, float("-inf") if d["score"] is None else d["score"], -n)
 
     return max(stating, key=rank)
 

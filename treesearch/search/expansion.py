@@ -19,9 +19,11 @@ from treesearch.policies.cgee import span_confidence
 
 
 def state_flags(problem: Problem, state: Any) -> tuple[bool, bool]:
-    """(terminal, solved) of a state, from the problem."""
+    """(terminal, solved) of a state, from the problem. Never solved while searching when the
+    problem's `is_solved` reads a reference answer (`Problem.graded_by_reference`): choosing by it
+    would let the reference pick the answer."""
     terminal = bool(problem.is_terminal(state))
-    return terminal, bool(terminal and problem.is_solved(state))
+    return terminal, bool(terminal and not problem.graded_by_reference and problem.is_solved(state))
 
 
 def expand_nodes(

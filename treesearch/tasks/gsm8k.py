@@ -83,6 +83,7 @@ class GSM8K(Problem):
     name = "gsm8k"
     labels = LABELS
     value_range = (0.0, 1.0)
+    graded_by_reference = True  # is_solved compares with the test set's answer: it grades, never guides
 
     def __init__(
         self,
