@@ -44,9 +44,10 @@ PAIR = {
 
 
 def test_accuracy_rows_give_precision_and_cost_per_problem():
-    lines = accuracy([("accuracy-x.json", RUN), ("accuracy-y.json", {**RUN, "quantization": None})])
+    older = {**RUN, "quantization": None, "command": "treesearch run gsm8k --quantization int8"}
+    lines = accuracy([("a.json", RUN), ("b.json", {**RUN, "quantization": None}), ("c.json", older)])
     assert lines[2] == "| gsm8k | qwen2.5-coder-0.5b | int8 | bfs | 3 of 4 | 0.75 (0.30-0.95) | 400 | 2.5 |"
-    assert lines[3].split(" | ")[2] == "float32"
+    assert [ln.split(" | ")[2] for ln in lines[3:]] == ["float32", "int8"]  # the default; the command
 
 
 def test_comparison_rows_name_the_runs_by_file():

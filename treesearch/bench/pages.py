@@ -222,12 +222,21 @@ def accuracy(docs: list[tuple[str, dict]]) -> list[str]:
         n = max(int(d.get("inputs_run") or d["searched"] or 1), 1)
         tokens = (t.get("prefill_tokens", 0) + t.get("decode_tokens", 0)) / n
         lines.append(
-            f"| {d.get('task')} | {d.get('model')} | {d.get('quantization') or 'float32'} | "
+            f"| {d.get('task')} | {d.get('model')} | {_precision(d)} | "
             f"{d.get('strategy')} | {d['solved']} of {d['searched']} | "
             f"{d['accuracy']:.2f} ({d['accuracy_low']:.2f}-{d['accuracy_high']:.2f}) | {tokens:,.0f} | "
             f"{d['wall_s'] / n:.1f} |"
         )
     return lines
+
+
+def _precision(doc: dict) -> str:
+    """A run's weight precision: recorded, else read from its command (reports older than the
+    record), else float32 (the default)."""
+    if doc.get("quantization"):
+        return str(doc["quantization"])
+    m = re.search(r"--quantization[ =](\S+)", doc.get("command") or "")
+    return m[1] if m else "float32"
 
 
 def comparisons(docs: list[tuple[str, dict]]) -> list[str]:
