@@ -2,7 +2,7 @@
 the line saying what the tree holds, one short stats line by default, every counter with --stats
 (the JSON has them always); torch's OpenMP threads spin only briefly (GOMP_SPINCOUNT in the
 environment before torch loads, via the CLI and via load_model) unless the user set it or
-OMP_WAIT_POLICY; and `make demo`'s search, run with the default model as the Makefile runs it,
+OMP_WAIT_POLICY; and `make demo`'s search, run with its model and flags as the Makefile runs it,
 ends with a verified answer on a tree of at least two expanded branches and a pruned node."""
 
 from __future__ import annotations
@@ -149,12 +149,6 @@ def test_make_demo_ends_with_a_verified_answer(demo_run):
 
 @pytest.mark.real_model
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 45: the default model proposes about one verifiable move per expansion on Countdown "
-    "(3 numbers: 2 of 20 solved, each a 3-node chain); a demo that branches and prunes needs another "
-    "input or model",
-)
 def test_make_demo_tree_has_two_expanded_branches_and_a_pruned_node(demo_run):
     out, _, saved = demo_run
     (line,) = [ln for ln in out if ln.startswith("tree: ")]
