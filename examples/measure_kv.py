@@ -310,17 +310,25 @@ def _stream_fns() -> dict:
 
 
 def weight_bytes(lm) -> int:
-    """Bytes one decode step must read: every parameter once (a tied embedding counts once, as the
-    LM head; an untied embedding is read one row at a time, so it is left out)."""
+    """Bytes one decode step must read: every weight once, float32 or int8 with its scales (each
+    storage counted once: a tied embedding counts once, as the LM head; an untied embedding is
+    read one row at a time, so it is left out)."""
     model = lm.model
-    emb = model.get_input_embeddings().weight
-    head = model.get_output_embeddings().weight
-    seen, total = set(), 0
-    for p in model.parameters():
-        if p.data_ptr() in seen or (p is emb and emb.data_ptr() != head.data_ptr()):
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+
+    def storage(t) -> int:
+        return t.untyped_storage().data_ptr()
+
+    table = getattr(emb, "weight", None)
+    table = getattr(emb, "qweight", None) if table is None else table
+    read = {storage(t) for t in head.parameters()} | {storage(t) for t in head.buffers()}
+    skip = {storage(table)} - read if table is not None else set()
+    seen, total = set(skip), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if t is None or storage(t) in seen:
             continue
-        seen.add(p.data_ptr())
-        total += p.numel() * p.element_size()
+        seen.add(storage(t))
+        total += t.untyped_storage().nbytes()
     return total
 
 
@@ -610,18 +618,50 @@ def _words_prefix(n: int) -> str:
     return "".join(f" {words[i % len(words)]}" for i in range(n))
 
 
+# the decode step's attention variants `limit` times side by side: (ATTENTION, SERIAL_ATTENTION)
+ATTENTIONS = {
+    "math-serial": ("math", True),  # torch ops on one thread, the products on all
+    "math-threaded": ("math", False),  # torch ops on all the step's threads
+    "kernel": ("kernel", True),  # the compiled attention kernel (`attend_kernel`), on all threads itself
+}
+
+
+def attention_variants(decoder) -> list[str]:
+    """`ATTENTIONS` this checkout and machine have, the decoder's current setting first."""
+    now = (getattr(decoder, "ATTENTION", "math"), getattr(decoder, "SERIAL_ATTENTION", True))
+    names = [n for n, v in ATTENTIONS.items() if v == now] or ["math-serial"]
+    for name in ATTENTIONS:
+        if name in names or (name == "kernel" and not _has_attend_kernel()):
+            continue
+        if name == "math-threaded" and not hasattr(decoder, "SERIAL_ATTENTION"):
+            continue
+        names.append(name)
+    return names
+
+
+def _has_attend_kernel() -> bool:
+    try:
+        from treesearch.engine import attend_kernel
+    except ImportError:
+        return False
+    return attend_kernel.load() is not None
+
+
 def cmd_limit(args, lm) -> None:
     """The fast decode step beside its measured limit, per batch size: the bytes one step reads
     (every weight once, plus the K/V it attends over: the shared prefix once and each row's own
     tokens) over the read rate measured in the same round (the fastest of `stream_rate`, a plain
     `torch.sum` over 1 GiB among them, with the same threads). Rounds interleave the limit and the
-    steps; each ratio is taken within a round, then the median over rounds. Where the step has the
-    attention kernel, the torch-op attention ("math") is timed beside it in each round."""
+    steps; each ratio is taken within a round, then the median over rounds. Each attention variant
+    the checkout has (`ATTENTIONS`: torch ops on one thread or on all, the compiled kernel) is timed
+    in each round; the first is the decoder's default, and every line gives each variant's step and
+    step / limit (the measurement that chooses `decoder.ATTENTION` and `SERIAL_ATTENTION`)."""
     import torch
 
     from treesearch.engine import decoder
 
-    modes = ["kernel", "math"] if getattr(decoder, "ATTENTION", None) == "kernel" else [None]
+    modes = attention_variants(decoder)
+    saved = (getattr(decoder, "ATTENTION", "math"), getattr(decoder, "SERIAL_ATTENTION", True))
     prefix = _words_prefix(args.prefix)
     engines = step_engines(lm, prefix, args.batches, args.steps, "fast")
     wbytes, bpt = weight_bytes(lm), lm.kv_bytes_per_token
@@ -631,31 +671,32 @@ def cmd_limit(args, lm) -> None:
         own = sum(len(lm.tokenizer(p)["input_ids"]) - base for p in prompts)
         kv[bsz] = (base + own + bsz * args.steps // 2) * bpt  # tokens read at the middle step
     rounds = []
-    for _ in range(args.repeats):
-        rates = stream_rate()
-        r = {"rate": max(rates.values()), **{f"{k}_GBps": v for k, v in rates.items()}}
-        for bsz, (eng, prompts) in engines.items():
-            for mode in modes:
-                if mode is not None:
-                    decoder.ATTENTION = mode
-                r[bsz, mode] = 1000 * statistics.median(timed_steps(eng, prompts, args.steps))
-        rounds.append(r)
-    if modes[0] is not None:
-        decoder.ATTENTION = modes[0]
+    try:
+        for _ in range(args.repeats):
+            rates = stream_rate()
+            r = {"rate": max(rates.values()), **{f"{k}_GBps": v for k, v in rates.items()}}
+            for bsz, (eng, prompts) in engines.items():
+                for mode in modes:
+                    decoder.ATTENTION, decoder.SERIAL_ATTENTION = ATTENTIONS[mode]
+                    r[bsz, mode] = 1000 * statistics.median(timed_steps(eng, prompts, args.steps))
+            rounds.append(r)
+    finally:
+        decoder.ATTENTION, decoder.SERIAL_ATTENTION = saved
     for bsz in engines:
         limits = [(wbytes + kv[bsz]) / r["rate"] / 1e6 for r in rounds]
         first = (bsz, modes[0])
         more = {}
-        if len(modes) > 1:
-            more = {
-                "math_step_ms": round(statistics.median(r[bsz, "math"] for r in rounds), 2),
-                "kernel/math": round(statistics.median(r[first] / r[bsz, "math"] for r in rounds), 3),
-            }
+        for mode in modes[1:]:
+            more[f"{mode}_step_ms"] = round(statistics.median(r[bsz, mode] for r in rounds), 2)
+            more[f"{mode}_step/limit"] = round(
+                statistics.median(r[bsz, mode] / m for r, m in zip(rounds, limits)), 3
+            )
         emit(
             (
                 {
                     "B": bsz,
                     "context": base,
+                    "attention": modes[0],
                     "step_ms": round(statistics.median(r[first] for r in rounds), 2),
                     "limit_ms": round(statistics.median(limits), 2),
                     "step/limit": round(statistics.median(r[first] / m for r, m in zip(rounds, limits)), 3),
@@ -761,8 +802,9 @@ def cmd_profile(args, lm) -> None:
 
 def cmd_prefill(args, lm) -> None:
     """Prefill tokens per second of one `--prefix`-token prompt (no cached prefix), on the layer
-    path and, where the checkout has it, the fast path (packed weights), interleaved over rounds;
-    the two paths' K/V and last-position logits compared."""
+    path and, where the checkout has it, the fast path (packed weights), interleaved over rounds,
+    without autograd (as the engine runs them); the two paths' K/V and last-position logits
+    compared (largest absolute difference, and relative to the largest |K/V|)."""
     import torch
 
     from treesearch.common.config import RKSCConfig
@@ -778,7 +820,8 @@ def cmd_prefill(args, lm) -> None:
         if path != "layers" or hasattr(fwd, "fast_prefill"):
             fwd.fast_prefill = path == "fast"
         t0 = time.perf_counter()
-        batch, logits = fwd.prefill([[]], [ids], [0], extra=0, want_logits=True, charge=[Stats()])
+        with torch.no_grad():  # as the engine runs it (`Engine.generate`, `score`)
+            batch, logits = fwd.prefill([[]], [ids], [0], extra=0, want_logits=True, charge=[Stats()])
         return time.perf_counter() - t0, batch.row_kv(0, 0, len(ids)), logits
 
     out = {p: run(p) for p in paths}  # warm-up, and the K/V compared
@@ -794,6 +837,7 @@ def cmd_prefill(args, lm) -> None:
             statistics.median(times["layers"]) / statistics.median(times["fast"]), 2
         )
         row["kv_max_diff"] = float((out["fast"][1] - out["layers"][1]).abs().max())
+        row["kv_max_diff_relative"] = row["kv_max_diff"] / float(out["layers"][1].abs().max())
         row["logits_max_diff"] = float((out["fast"][2] - out["layers"][2]).abs().max())
     emit(row)
 
@@ -858,6 +902,15 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--prefixes", type=int, nargs="+", default=[100, 1000])
     ap.add_argument("--tiny", action="store_true", help="the tiny random model instead of the default one")
+    ap.add_argument(
+        "--model", default=None, help="a model name `load_model` takes (default: the default model)"
+    )
+    ap.add_argument(
+        "--quantization",
+        default="float32",
+        choices=("float32", "int8"),
+        help="float32 or int8 (`load_model`'s quantization): decode and limit measure either the same way",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--alpha", type=float, default=None)
     ap.add_argument("--tau", type=float, default=None)
@@ -894,7 +947,7 @@ def main(argv=None) -> None:
     from treesearch.common.provenance import record
 
     recorded = record()
-    lm = load_model("tiny" if args.tiny else None, device=args.device)
+    lm = load_model("tiny" if args.tiny else args.model, device=args.device, quantization=args.quantization)
     {
         "game24": cmd_game24,
         "batch": cmd_batch,

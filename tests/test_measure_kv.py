@@ -70,3 +70,43 @@ def test_batch_mode_times_every_step_of_a_batch_larger_than_the_engines_default_
     for r in rows:
         assert r["decode_steps_timed"] == 3 * 2  # every decode step of both rounds, all rows running
         assert r["decode_ms_per_step"] > 0
+
+
+def test_limit_mode_times_every_attention_variant_beside_the_limit_on_int8_weights_too():
+    rows = run(
+        "limit",
+        "--quantization",
+        "int8",
+        "--batches",
+        "1",
+        "2",
+        "--prefix",
+        "20",
+        "--steps",
+        "2",
+        "--repeats",
+        "1",
+    )
+    assert [r["B"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["attention"] == "math-serial"  # the decoder's default, first
+        assert r["step_ms"] > 0 and r["limit_ms"] > 0 and r["step/limit"] > 0
+        assert r["math-threaded_step_ms"] > 0 and r["math-threaded_step/limit"] > 0
+
+
+def test_the_bytes_a_step_reads_count_int8_weights_at_a_byte_each():
+    import importlib.util
+
+    from treesearch.models.load import load_model
+
+    spec = importlib.util.spec_from_file_location("measure_kv", ROOT / "examples" / "measure_kv.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    f32, int8 = load_model("tiny"), load_model("tiny", quantization="int8")
+    emb = f32.model.get_input_embeddings().weight
+    tied = emb.data_ptr() == f32.model.get_output_embeddings().weight.data_ptr()
+    params = {p.data_ptr(): p for p in f32.model.parameters()}
+    expected = sum(p.numel() * 4 for p in params.values() if tied or p is not emb)
+    assert expected <= mod.weight_bytes(f32) <= expected + 4096  # and the rotary embedding's small buffers
+    assert 0.2 * expected < mod.weight_bytes(int8) < 0.4 * expected  # a byte a weight, and the scales

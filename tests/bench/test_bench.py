@@ -80,6 +80,26 @@ def test_report_ratios_medians_and_agreement_from_counters():
     json.dumps(doc)
 
 
+def test_time_outside_forwards_is_wall_minus_busy_per_forward_in_its_own_column():
+    timed = _run(5.0, 300, 100, ["a"], [True])
+    timed.add_forwards(
+        [type("F", (), {"busy_s": 3.5, "forwards": 12})(), type("F", (), {"busy_s": 0.5, "forwards": 3})()]
+    )
+    runs = BenchRuns()
+    runs.modes["exact"] = ModeRuns(Mode("exact", RKSCConfig()), [timed])
+    runs.modes["server"] = ModeRuns(Mode("server", RKSCConfig()), [_run(6.0, 300, 100, ["a"], [True])])
+    doc = report.build(runs, {"workload": "game24"})
+    ex, sv = doc["modes"]["exact"], doc["modes"]["server"]
+    assert (ex["forward_s"], ex["forwards"], ex["outside_s"]) == (4.0, 15, 5.0 - 4.0)
+    assert ex["outside_per_forward_ms"] == 1000.0 * (5.0 - 4.0) / 15
+    assert sv["forward_s"] is None and sv["outside_per_forward_ms"] is None  # not counted: no column value
+    text = report.markdown(doc).splitlines()
+    header = next(line for line in text if line.startswith("| mode |"))
+    assert header.rstrip(" |").endswith("outside forwards ms/call")
+    assert next(line for line in text if line.startswith("| exact |")).endswith(f"| {1000.0 / 15:.2f} |")
+    assert next(line for line in text if line.startswith("| server |")).endswith("| — |")
+
+
 def test_ratio_and_agreement_edge_cases():
     assert report.ratio(None, 2.0) is None and report.ratio(3.0, 0) is None and report.ratio(3.0, 2.0) == 1.5
     assert report.agreement([], []) is None
@@ -209,3 +229,7 @@ def test_tree_and_game24_shapes_tiny(tmp_path):
     )
     doc = json.loads(out.read_text())
     assert doc["modes"]["exact"]["status"] == "ok" and doc["agreement"] == {"exact": None}
+    ex = doc["modes"]["exact"]  # the local engine counted its forwards: the rest of the wall time is its own
+    assert ex["forwards"] > 0 and 0 < ex["forward_s"] < ex["wall_s_runs"][-1]
+    assert ex["outside_s"] == pytest.approx(ex["wall_s_runs"][-1] - ex["forward_s"])
+    assert ex["outside_per_forward_ms"] == pytest.approx(1000 * ex["outside_s"] / ex["forwards"])

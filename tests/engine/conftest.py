@@ -19,3 +19,13 @@ def plans(monkeypatch) -> list:
 
     monkeypatch.setattr(step_plan.Plan, "__init__", record)
     return seen
+
+
+@pytest.fixture(params=["fast-prefill", "layer-prefill"])
+def prefill_path(request, monkeypatch) -> str:
+    """Prefill and scoring on the decoder's packed layers (the default) or through the transformers
+    layers (`treesearch.engine.forward.FAST_PREFILL`), for engines built in this test."""
+    from treesearch.engine import forward
+
+    monkeypatch.setattr(forward, "FAST_PREFILL", request.param == "fast-prefill")
+    return request.param

@@ -4,7 +4,9 @@ floating-point sums: fused and oneDNN-packed matrix products, flash attention), 
 are identical. Over prefix groups of every kind (shared by all rows, by a subset, by one row), on
 the tiny model (which qualifies, so every other tiny-model test runs the new step too) and the
 default model. On the default model each float32 path is also checked against a float64 run of the
-layer path (the truth both round away from): the fast step within 1e-4 of it."""
+layer path (the truth both round away from): the fast step within 1e-4 of it. The main cases run
+with prefill on either path (`prefill_path`: the decoder's packed layers, the default, or the
+transformers layers): the whole fast forward against the whole layer path."""
 
 from __future__ import annotations
 
@@ -100,7 +102,9 @@ READERS = ["step-kernel", "kernel", "packed", "in-place"]
 
 @pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("batch", [1, 3, 4, 6])
-def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(arch_lm, batch, reader, monkeypatch):
+def test_fast_step_equals_layer_path_over_every_kind_of_prefix_group(
+    arch_lm, batch, reader, monkeypatch, prefill_path
+):
     use_reader(reader, monkeypatch)
     base, more = words(20), words(9, 5)
     # cached: the shared base, base + more (rows 0..1 read it: a subset), row 0's own prompt (one row)
@@ -188,7 +192,7 @@ def test_the_last_row_left_reads_its_padded_buffer_masked(tiny_lm, monkeypatch):
     assert_same(out)
 
 
-def test_fast_step_equals_layer_path_without_sharing(tiny_lm):
+def test_fast_step_equals_layer_path_without_sharing(tiny_lm, prefill_path):
     prompts = ["short", "a somewhat longer prompt with more words in it", "x " * 30]
     out = {}
     for fast in (False, True):
@@ -225,7 +229,7 @@ def test_a_model_that_does_not_qualify_takes_the_layer_path():
 
 
 @pytest.mark.real_model
-def test_real_model_fast_step_equals_layer_path(real_lm):
+def test_real_model_fast_step_equals_layer_path(real_lm, prefill_path):
     from treesearch.tasks import Game24
 
     g = Game24()

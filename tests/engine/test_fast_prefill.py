@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treesearch.common.config import RKSCConfig
+from treesearch.common.config import RKSCConfig, Sampling
 from treesearch.common.stats import Stats
 from treesearch.engine.local import Engine
 from treesearch.models.load import tiny_model
@@ -117,6 +117,55 @@ def test_scores_and_layer_exits_equal_the_layer_paths(arch_lm, kv):
         for a, b in zip(got, ref):
             assert a.layers_run == b.layers_run
             assert max(abs(a.probs[k] - b.probs[k]) for k in labels) <= 1e-5
+
+
+def test_prefill_and_scoring_take_the_fast_path_by_default_and_the_layers_on_request(tiny_lm, monkeypatch):
+    """The default engine prefills and scores through `Decoder.layer_rows` and reads multi-token
+    labels through the decoder's head; fast_decode=False, `FAST_PREFILL = False` and a model the
+    decoder does not cover run the transformers layers."""
+    from treesearch.engine import decoder, forward
+
+    calls: list[int] = []
+    rows = decoder.Decoder.layer_rows
+
+    def counted(self, *a, **kw):
+        calls.append(1)
+        return rows(self, *a, **kw)
+
+    monkeypatch.setattr(decoder.Decoder, "layer_rows", counted)
+    eng = Engine(tiny_lm)
+    assert eng.forward.fast_prefill
+    eng.score(["Is 2 + 2 = 4? Answer:"], [" yes", " no", " yes indeed"])
+    assert len(calls) == 2 * tiny_lm.num_layers  # the prompt, then the multi-token label's tail
+    assert not Engine(tiny_lm, RKSCConfig(fast_decode=False)).forward.fast_prefill
+    monkeypatch.setattr(forward, "FAST_PREFILL", False)
+    calls.clear()
+    eng = Engine(tiny_lm)
+    assert not eng.forward.fast_prefill and eng.forward.decoder is not None
+    eng.generate(["Is 2 + 2 = 4? Answer:"], Sampling(max_new_tokens=3))
+    assert calls == []
+    monkeypatch.setattr(forward, "FAST_PREFILL", True)
+    other = tiny_model(seed=0, num_layers=2, dtype="bfloat16")
+    assert not Engine(other).forward.fast_prefill
+
+
+@pytest.mark.real_model
+def test_real_model_scores_on_the_fast_path_equal_the_layer_paths(real_lm):
+    """Game of 24 value prompts on the default model: the label probabilities of the fast forward
+    within 1e-4 of the layer path's, and the same best label."""
+    from treesearch.tasks import Game24
+
+    g = Game24()
+    prompts = [g.value_prompt(g.initial_state(p)) for p in ("4 5 6 10", "1 1 4 6", "2 3 5 12")]
+    labels = list(g.labels)
+    out = {}
+    for fast in (False, True):
+        eng = Engine(real_lm, RKSCConfig(kv_sharing="exact"))
+        eng.forward.fast_prefill = fast
+        out[fast] = eng.score(prompts, labels)
+    for a, b in zip(out[False], out[True]):
+        assert max(abs(a.probs[k] - b.probs[k]) for k in labels) <= 1e-4
+        assert max(labels, key=a.probs.__getitem__) == max(labels, key=b.probs.__getitem__)
 
 
 @pytest.mark.real_model

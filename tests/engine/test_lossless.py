@@ -14,6 +14,8 @@ import torch
 
 from treesearch import Engine, RKSCConfig, Sampling, Searcher, load_model
 
+# every case on both prefill paths: the decoder's packed layers (the default) and the transformers layers
+pytestmark = pytest.mark.usefixtures("prefill_path")
 LABELS = [" sure", " likely", " impossible"]
 ACCELERATOR = os.environ.get("TREESEARCH_TEST_DEVICE", "cuda")
 DEVICES = [

@@ -26,6 +26,10 @@ Definitions (all from the recorded counters and wall times):
   seconds per decode step / the sequential run's (`treesearch.bench.sweep.vs_sequential`).
 - runs: one record per engine mode run (mode, concurrency, budget_percent, eviction): see
   `treesearch.bench.sweep`.
+- forward_s, forwards: the local engine's time inside model forwards over the last run and their
+  number (`Forward.busy_s`, `Forward.forwards`); outside_s = that run's wall_s - forward_s, the
+  engine's own time (scheduling, planning, results, the search's code), and outside_per_forward_ms =
+  outside_s / forwards (the local counterpart of the server modes' time outside HTTP per request).
 - server_times (server modes): the client's HTTP round trips over the run, the time outside them
   (outside_s, outside_share of wall_s, outside_per_request_ms) and llama.cpp's summed `timings`
   (`treesearch.backends.request_clock`); None for the local modes.
@@ -117,8 +121,26 @@ def _empty(status: str, reason: str | None, notes: list[str]) -> dict:
         verify_s=None,
         verify_s_runs=None,
         verify_speedup_vs_exact=None,
+        forward_s=None,
+        forwards=None,
+        outside_s=None,
+        outside_per_forward_ms=None,
     )
     return entry
+
+
+def _overhead(last) -> dict:
+    """The last run's time inside model forwards and the rest (see the module doc); {} when the
+    run did not count it (a server backend, a workload without a local scheduler)."""
+    if last.forward_s is None:
+        return {}
+    out = last.wall_s - last.forward_s
+    return {
+        "forward_s": last.forward_s,
+        "forwards": last.forwards,
+        "outside_s": out,
+        "outside_per_forward_ms": 1000.0 * out / last.forwards if last.forwards else None,
+    }
 
 
 def build(runs: BenchRuns, meta: dict) -> dict:
@@ -146,6 +168,7 @@ def build(runs: BenchRuns, meta: dict) -> dict:
         entry["decisions_total"] = len(last.decisions)
         entry["decisions"] = list(last.decisions)
         entry.update(_sweep_fields(mr.mode, last))
+        entry.update(_overhead(last))
         entry["server_times"] = last.server  # server mode: client and llama.cpp times (bench.engines)
         modes[name] = entry
         decisions[name] = last.decisions
@@ -269,12 +292,13 @@ def markdown(doc: dict) -> str:
     lines += [
         "| mode | wall s (median ± spread) | inputs/h | x vs nokv | x vs exact | prefill | decode | reused | "
         "unique | model calls | verify calls / skipped | verify layers run / full | peak KV MiB | accuracy | "
-        f"agreement (vs {doc.get('agreement_reference') or 'nokv'}) | verify s | verify x vs exact |",
-        "|" + "---|" * 17,
+        f"agreement (vs {doc.get('agreement_reference') or 'nokv'}) | verify s | verify x vs exact | "
+        "outside forwards ms/call |",
+        "|" + "---|" * 18,
     ]
     for name, e in doc["modes"].items():
         if e["status"] in ("failed", "skipped"):
-            lines.append(f"| {name} | {e['status']}: {e['reason']} |" + " |" * 15 + "")
+            lines.append(f"| {name} | {e['status']}: {e['reason']} |" + " |" * 16 + "")
             continue
         kv = e["peak_kv_bytes"] / 2**20 if e["peak_kv_bytes"] is not None else None
         ver = "—" if e["verify_calls"] is None else f"{e['verify_calls']} / {e['verify_skipped']}"
@@ -289,7 +313,8 @@ def markdown(doc: dict) -> str:
             "| "
             f"{_f(e['reused_tokens'])} | {_f(e['unique_tokens'])} | {_f(e['model_calls'])} | {ver} | {lay} | "
             f"{_f(kv, '{:.1f}')} | {_f(e['accuracy'])} | {_f(doc['agreement'].get(name))} | "
-            f"{_f(e.get('verify_s'))} | {_f(e.get('verify_speedup_vs_exact'), '{:.2f}x')} |"
+            f"{_f(e.get('verify_s'))} | {_f(e.get('verify_speedup_vs_exact'), '{:.2f}x')} | "
+            f"{_f(e.get('outside_per_forward_ms'))} |"
         )
     off, on = doc["modes"].get("exact"), doc["modes"].get("cgee")
     if off and on and off.get("verify_s") is not None and on.get("verify_s") is not None:

@@ -52,6 +52,10 @@ class RunResult:
     # kept apart from `stats` because it depends on thread timing and need not repeat exactly
     batch: dict = field(default_factory=dict)
     server: dict | None = None  # server mode: client times over the run (`bench.engines.timed_run`)
+    # local engine: seconds inside model forwards over the run and their count (`Forward.busy_s`,
+    # `Forward.forwards`); the rest of wall_s is the engine's own time (None: not counted)
+    forward_s: float | None = None
+    forwards: int | None = None
 
     def add_stats(self, stats: dict) -> None:
         """Sum counters over items; peak KV is the maximum (each item's search counts its own). The
@@ -66,6 +70,12 @@ class RunResult:
         """Sum the batch-fill counters of the schedulers the run's engines used (each once)."""
         for k in BATCH_FIELDS:
             self.batch[k] = sum(int(getattr(s, k, 0)) for s in schedulers)
+
+    def add_forwards(self, forwards: list) -> None:
+        """The time inside the model forwards of the run's engines (`Forward.busy_s`, each engine
+        built during the run and counted once) and their number."""
+        self.forward_s = sum(float(f.busy_s) for f in forwards)
+        self.forwards = sum(int(f.forwards) for f in forwards)
 
     def note(self, text: str) -> None:
         if text not in self.notes:

@@ -75,10 +75,14 @@ def run_game24(
         else (searcher.solve(p) for p in puzzles)
     )
     schedulers: dict[int, Any] = {}  # the engines' schedulers (batch fill), each counted once
+    forwards: dict[int, Any] = {}  # and their forwards (time inside the model), each built in this run
     for puzzle, result in zip(puzzles, results):
         sched = getattr(searcher.engine, "scheduler", None)  # a server backend has none
         if sched is not None:
             schedulers.setdefault(id(sched), sched)
+        fwd = getattr(searcher.engine, "forward", None)
+        if fwd is not None and hasattr(fwd, "busy_s"):
+            forwards.setdefault(id(fwd), fwd)
         if result.status != "complete":  # a concurrent search that raised: raise it here, as solve would
             from treesearch.common.errors import CacheBudgetError
 
@@ -114,6 +118,8 @@ def run_game24(
     out.wall_s = time.perf_counter() - t0
     if schedulers:
         out.add_batch(list(schedulers.values()))
+    if forwards:
+        out.add_forwards(list(forwards.values()))
     return out
 
 

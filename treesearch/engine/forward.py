@@ -55,23 +55,40 @@ def sample(
     return toks.tolist(), lps.tolist()
 
 
+# Prefill and scoring on the decoder's packed layers where a model has the decoder (`Forward`); False:
+# through the transformers layers (the reference path), as every model without the decoder runs them.
+FAST_PREFILL = True
+
+
 class Forward:
     """Runs a `LanguageModel`'s decoder over a batch of rows with shared-prefix attention.
 
     fast_decode: decode steps through `treesearch.engine.decoder` (packed weights, fused kernels)
     where the model qualifies; otherwise the transformers layers (the reference the tests compare
-    against). fast_prefill (an attribute, False): prefill and scoring on that path too; off by
-    default until a quiet machine shows it pays (its K/V differs from the layer path's in the last
-    bits: the same sums in another order).
+    against, and the path of every model the decoder does not cover).
+    fast_prefill (with the decoder; None: `FAST_PREFILL`; an attribute too): prefill and scoring
+    on the same packed layers (`Decoder.layer_rows`), label probabilities read from the same
+    forward; False: through the transformers layers. The two differ as the decode step does, in
+    float32 rounding only (the norms' weights folded into the products, oneDNN's packed matrix
+    products: the same sums in another order); the tokens are the same
+    (tests/engine/test_fast_prefill.py, test_decoder.py, test_lossless.py).
     pack_own_runs: that step may copy each row's own cached runs into one block per step (False
     under a cache budget, which bounds all K/V memory)."""
 
-    def __init__(self, lm: LanguageModel, *, fast_decode: bool = True, pack_own_runs: bool = True) -> None:
+    def __init__(
+        self,
+        lm: LanguageModel,
+        *,
+        fast_decode: bool = True,
+        fast_prefill: bool | None = None,
+        pack_own_runs: bool = True,
+    ) -> None:
         self.lm = lm
         self.eos_ids = eos_token_ids(lm.model, lm.tokenizer)
         self.decoder = decoder_for(lm.model) if fast_decode and qualifies(lm.model) else None
         self.pack_own_runs = pack_own_runs  # the fast step may copy rows' own runs into one block (no budget)
-        self.fast_prefill = False  # prefill and scoring through the decoder's packed layers (see above)
+        fast_prefill = FAST_PREFILL if fast_prefill is None else fast_prefill
+        self.fast_prefill = fast_prefill and self.decoder is not None  # prefill and scoring packed too
         # seconds inside model forwards (prefill, scoring, decode steps) and their count: a call's
         # wall time less these is the engine's own time (scheduling, planning, results)
         self.busy_s = 0.0
@@ -225,16 +242,23 @@ class Forward:
                     return probs, i + 1
         if not want_logits:
             return None
-        if fast is not None:
-            logits = fast.logits(h[rows, last]).float()
-        else:
-            logits = model.lm_head(base.norm(h[rows, last])).float()
+        logits = self.head(h[rows, last])
         if per_row:
             exits.finish(torch.softmax(logits, dim=-1), len(layers))
             return exits
         if label_ids is not None:
             return torch.softmax(logits, dim=-1), len(layers)
         return logits
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of hidden states [..., D] through the final norm and the LM head, on the
+        path the forward ran (the decoder's packed head with fast prefill, else the model's own)."""
+        fast = self.decoder if self.fast_prefill else None
+        if fast is None:
+            model = self.lm.model
+            return model.lm_head(model.model.norm(hidden)).float()
+        shape = hidden.shape
+        return fast.logits(hidden.reshape(-1, shape[-1])).float().view(*shape[:-1], -1)
 
     def label_probs(self, hidden: torch.Tensor, label_ids: list[int]) -> torch.Tensor:
         """Softmax over the labels' logits only: the LM head's rows of the labels, not the whole

@@ -53,8 +53,7 @@ def tail_logprobs(
     forward.prefill(
         prefixes, [t[:-1] for t in tails], starts, extra=0, want_logits=False, charge=charge, capture=hidden
     )
-    model = forward.lm.model
-    logp = torch.log_softmax(model.lm_head(model.model.norm(hidden[-1])).float(), dim=-1)  # [B, n, V]
+    logp = torch.log_softmax(forward.head(hidden[-1]), dim=-1)  # [B, n, V], the forward's own head
     out = []
     for b, tail in enumerate(tails):
         targets = torch.tensor(tail[1:], device=logp.device)
