@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -23,6 +24,17 @@ def real_lm():
     from treesearch.models.load import load_model
 
     return load_model()
+
+
+@pytest.fixture(autouse=True)
+def _default_sigint():
+    """Each test starts with Python's own Ctrl-C handler and SIGINT unblocked. In a whole-suite run
+    the Ctrl-C tests (a SIGINT to this process, or to a child, which inherits an ignored or blocked
+    SIGINT) saw no interrupt, while each passed alone: something earlier in the run had left
+    SIGINT ignored or blocked."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    yield
 
 
 @pytest.fixture(autouse=True)

@@ -77,7 +77,7 @@ def test_fetched_wheels_and_the_cpu_device_check_run_end_to_end(tmp_path):
         "tree.json",
         "tree.md",
     ]
-    assert "14 passed" in (out / "pytest-cuda.txt").read_text()  # test_cuda.py 3, test_lossless.py 11
+    assert "25 passed" in (out / "pytest-cuda.txt").read_text()  # test_cuda.py 3, test_lossless.py 22
     for workload in ("branch", "tree"):
         doc = json.loads((out / f"{workload}.json").read_text())
         assert doc["model"] == "dummy:smollm2-135m@2layers" and doc["fixed_length"] is True
