@@ -31,7 +31,6 @@ from treesearch.common.errors import ProblemDefinitionError
 from treesearch.core.cot import problem_for
 from treesearch.core.problem import Child, Problem, check_children, check_problem, check_prompt, check_value
 from treesearch.core.tree import ThoughtTree
-from treesearch.search.expansion import state_flags
 
 from .base import Strategy
 
@@ -277,7 +276,10 @@ class TableOps:
         self.tree.set_status(node, "solution")
 
     def _flags(self, state: Any) -> tuple[bool, bool]:
-        return state_flags(self.problem, state)
+        """As the real Searcher's (`treesearch.search.expansion.state_flags`)."""
+        p = self.problem
+        terminal = bool(p.is_terminal(state))
+        return terminal, bool(terminal and not p.graded_by_reference and p.is_solved(state))
 
 
 class TableSearcher(Recording, TableOps):
