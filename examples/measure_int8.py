@@ -93,6 +93,7 @@ def _candidates(x, w, q, s, sb, qt, packed, rows: int) -> dict:
     return {
         "float32 oneDNN packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
         "float32 F.linear": lambda: F.linear(x, w),
+        "float32 kernel": lambda: int8_kernel.float_linear(x, w),
         "int8 kernel": lambda: int8_kernel.linear(x, q, s),
         "_weight_int8pack_mm bf16": lambda: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), q, sb),
         "_int_mm per-row int8": int_mm,

@@ -253,7 +253,7 @@ def test_without_onednn_and_with_either_attention_the_step_is_the_same(tiny_lm, 
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     monkeypatch.setattr(decoder, "ATTENTION", attention)
     plain = decoder.Decoder(tiny_lm.model)
-    assert not plain.head.mkldnn
+    assert not plain.layers[0].qkv.mkldnn
     base = words(20)
     prompts = [base + f" Row {b}:" + words(b, b) for b in range(3)]
     out = {}
@@ -348,3 +348,34 @@ def test_with_two_threads_the_attention_runs_on_one_and_the_step_is_the_same(tin
     with pytest.raises(RuntimeError, match="attention failed"):
         Engine(tiny_lm).generate(prompts, Sampling(max_new_tokens=2, ignore_eos=True))
     assert torch.get_num_threads() == 2
+
+
+def test_float_projections_read_the_models_own_weights_and_the_head_keeps_no_copy(tiny_lm):
+    from treesearch.models import int8_kernel
+
+    if int8_kernel.load() is None:
+        pytest.skip(f"the kernel is {int8_kernel.reason()}")
+    model = tiny_lm.model
+    dec = decoder.Decoder(model)
+    att = model.model.layers[0].self_attn
+    qkv = dec.layers[0].qkv
+    assert [w.data_ptr() for w in qkv.ws] == [
+        p.weight.data_ptr() for p in (att.q_proj, att.k_proj, att.v_proj)
+    ]
+    assert dec.head.packed is None and dec.head.ws[0].data_ptr() == model.lm_head.weight.data_ptr()
+    # up to KERNEL_ROWS rows, a row's projections are the same bits alone as beside the others
+    x = torch.randn(decoder.KERNEL_ROWS, model.config.hidden_size)
+    for lin in (qkv, dec.layers[0].gate_up, dec.head):
+        together = lin(x)
+        assert all(torch.equal(lin(x[r : r + 1])[0], together[r]) for r in (0, 5, decoder.KERNEL_ROWS - 1))
+
+
+def test_steps_wider_than_kernel_rows_take_the_packed_products_and_decode_the_same(tiny_lm, monkeypatch):
+    prompts = ["short", "a somewhat longer prompt with more words in it", "x " * 30]
+    sampling = Sampling(max_new_tokens=8)
+    layers = Engine(tiny_lm, RKSCConfig(kv_sharing="off", fast_decode=False)).generate(prompts, sampling)
+    monkeypatch.setattr(decoder, "KERNEL_ROWS", 0)
+    packed = Engine(tiny_lm, RKSCConfig(kv_sharing="off")).generate(prompts, sampling)
+    assert [g.token_ids for g in packed] == [g.token_ids for g in layers]
+    for a, b in zip(layers, packed):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= TOL

@@ -53,8 +53,9 @@ def test_the_fast_step_without_the_biases_is_not_the_layer_path(qwen_lm):
     eng = Engine(qwen_lm, RKSCConfig(kv_sharing="off", fast_decode=True))
     layers = Engine(qwen_lm, RKSCConfig(kv_sharing="off", fast_decode=False))
     unbiased = decoder.Decoder(qwen_lm.model)
-    for layer in unbiased.layers:
+    for layer in unbiased.layers:  # both the packed products' folded bias and the kernel's per part
         layer.qkv.bias = None
+        layer.qkv.biases = [None] * len(layer.qkv.biases)
     eng.forward.decoder = unbiased
     sampling = Sampling(max_new_tokens=6, ignore_eos=True)
     a, b = eng.generate(prompts, sampling)[0], layers.generate(prompts, sampling)[0]

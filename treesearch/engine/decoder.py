@@ -3,12 +3,13 @@
 Why: a decode step through the transformers layers is mostly per-operation overhead (30 layers of
 dozens of small eager ops, Python per layer and per cached run), not weight reads. This step runs
 about 40 small ops per layer (views included) over weights packed once per model:
-- q/k/v fused into one projection (with their biases, as Qwen2 has) and gate/up into another;
-  each packed for oneDNN's linear (`mkldnn._reorder_linear_weight`) where torch has it: on this
-  project's machines it streams a matrix-vector product about 1.5x as fast as `F.linear` and
-  keeps batched rows near that rate.
-  The packed weights are a second copy (the model's weight bytes again, held per model). Each
-  RMSNorm's weight is folded into the projection after it, and the attention scale into q's rows.
+- q/k/v side by side in one projection (with their biases, as Qwen2 has) and gate/up in another.
+  A step of up to `KERNEL_ROWS` rows multiplies the model's own float32 weights by the streaming
+  kernel of `treesearch.models.int8_kernel` (no copy; a row's result the same bits at any batch
+  size); wider products (prefill chunks, wide steps) use oneDNN's packed copy
+  (`mkldnn._reorder_linear_weight`) of the folded matrix, where torch has oneDNN. The LM head keeps
+  no copy. Each RMSNorm's weight multiplies the input first (folded into the packed copy's
+  columns), and the attention scale multiplies q's outputs (folded into its packed rows).
 - RoPE as x cos + roll(x, d/2) sin', sin' = sin with its first half negated (rotate_half in one op).
 - Attention with `ATTENTION = "kernel"`: every run each row reads (cached prefix runs, shared or
   its own, and the step's buffer) in one compiled call per layer on all the step's threads, split
@@ -50,6 +51,12 @@ from treesearch.engine.step_plan import Plan
 from treesearch.models import int8_kernel
 from treesearch.models.quantize import Int8Linear, is_quantized
 
+# float32 products of up to this many rows go through the streaming kernel over the model's own
+# weights (`FloatLinear`); more, through oneDNN's packed copy. A model's layers of products, two
+# threads, an EPYC (AVX2), the kernel's speed over oneDNN's: 0.5B 1.2-1.4x at 1-6 rows, 1.06x at 8-12,
+# 0.8-1.1x at 16, 0.64-0.79x at 24-512; SmolLM2 1.1x at 1-4, 1.04x at 8, 0.8-0.9x at 16-24
+# (`examples/measure_int8.py --kernels`).
+KERNEL_ROWS = 8
 PACK_ROWS = 4  # oneDNN's batch-size hint for packing: 4 and 16 stream alike at 1..16 rows, 1 is slower
 # "math" (matmul, softmax with its log-normaliser, matmul), "flash" (SDPA's CPU flash kernel: per
 # step in examples/measure_kv.py decode, several times slower over a 1,000-token prefix) or
@@ -118,11 +125,11 @@ def _weights_version(model: Any) -> int:
 
 
 class Linear:
-    """y = x W^T (+ b) (+ other). float32 W: packed for oneDNN when torch has it, else a plain
-    tensor. int8 W (with its scale per output channel, `treesearch.models.quantize`): multiplied by
-    the int8 kernel (`treesearch.models.int8_kernel`) over the model's own int8 storage (no copy);
-    in_scale: a vector each input row is multiplied by first (the RMSNorm weight that float32
-    folds into W's columns, which int8 cannot without quantizing a second copy)."""
+    """y = x W^T (+ b) (+ other) for int8 W (with its scale per output channel,
+    `treesearch.models.quantize`): multiplied by the int8 kernel (`treesearch.models.int8_kernel`)
+    over the model's own int8 storage (no copy); in_scale: a vector each input row is multiplied by
+    first (the RMSNorm weight that float32 folds into W's columns, which int8 cannot without
+    quantizing a second copy). float32 weights: `FloatLinear`."""
 
     def __init__(
         self,
@@ -132,45 +139,96 @@ class Linear:
         scale: torch.Tensor | None = None,
         in_scale: torch.Tensor | None = None,
     ) -> None:
+        if weight.dtype != torch.int8 or scale is None:
+            raise ValueError(
+                "Linear takes an int8 weight with its scale per output channel (float32: FloatLinear)"
+            )
         self.out_features = weight.shape[0]
         self.bias = None if bias is None else bias.detach().contiguous()
-        self.int8 = weight.dtype == torch.int8
-        if self.int8:
-            if scale is None:
-                raise ValueError("an int8 weight needs its scale per output channel")
-            self.w, self.scale, self.in_scale = weight, scale, in_scale
-            self.mkldnn = False
-            return
-        w = weight.detach().contiguous()
-        if in_scale is not None:
-            w = w * in_scale
-        self.mkldnn = torch.backends.mkldnn.is_available()
-        self.w = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) if self.mkldnn else w
+        self.w, self.scale, self.in_scale = weight, scale, in_scale
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int8:
-            return int8_kernel.linear(self._scaled(x), self.w, self.scale, self.bias)
-        if self.mkldnn:
-            return torch.ops.mkldnn._linear_pointwise(x, self.w, self.bias, "none", [], "")
-        return F.linear(x, self.w, self.bias)
+        return int8_kernel.linear(self._scaled(x), self.w, self.scale, self.bias)
 
     def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """other + x W^T (+ b) in one kernel (the residual connection)."""
-        if self.int8:
-            return int8_kernel.linear(self._scaled(x), self.w, self.scale, self.bias, other)
-        if self.mkldnn:
-            return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.w, self.bias, "add")
-        if self.bias is not None:
-            return torch.addmm(other + self.bias, x, self.w.t())
-        return torch.addmm(other, x, self.w.t())
+        return int8_kernel.linear(self._scaled(x), self.w, self.scale, self.bias, other)
 
     def _scaled(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.in_scale is None else x * self.in_scale
 
 
+class FloatLinear:
+    """float32 projections side by side (q/k/v, gate/up, or one): y = [xs W_i^T s_i + b_i s_i]_i
+    (+ other), xs = x * in_scale (an RMSNorm's weight), s_i a scalar (q's attention scale) or 1.
+    Up to KERNEL_ROWS rows (decode steps): the streaming kernel (`int8_kernel.float_linear`) over the
+    model's own weights, no copy, batch invariant. More rows (prefill chunks, wide steps): oneDNN's
+    packed copy of the folded matrix cat(W_i s_i) diag(in_scale) where torch has oneDNN (pack=False:
+    no copy, `F.linear` on the model's weights; the LM head, which is mostly read a row at a time)."""
+
+    def __init__(
+        self,
+        parts: list[tuple[torch.Tensor, float, torch.Tensor | None]],
+        *,
+        in_scale: torch.Tensor | None = None,
+        pack: bool = True,
+    ) -> None:
+        self.ws = [w.detach() if w.is_contiguous() else w.detach().contiguous() for w, _, _ in parts]
+        self.out_features = sum(w.shape[0] for w in self.ws)
+        self.in_scale = None if in_scale is None else in_scale.detach()
+        self.scales = [None if s == 1.0 else torch.full((w.shape[0],), s) for w, s, _ in parts]
+        has_bias = any(b is not None for _, _, b in parts)
+        self.biases = [
+            (b.detach() * s if b is not None else w.new_zeros(w.shape[0])) if has_bias else None
+            for w, s, b in parts
+        ]
+        self.kernel = int8_kernel.load() is not None
+        self.mkldnn = torch.backends.mkldnn.is_available() and (pack or not self.kernel)
+        self.packed: torch.Tensor | None = None
+        self.bias = None if not has_bias else torch.cat([b for b in self.biases if b is not None])
+        if self.mkldnn or not self.kernel:  # the folded matrix: packed for oneDNN, or plain for F.linear
+            mats = [w.detach() * s if s != 1.0 else w.detach() for w, s, _ in parts]
+            w = torch.cat(mats) if len(mats) > 1 else mats[0]
+            w = w * self.in_scale if self.in_scale is not None else w.contiguous()
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) if self.mkldnn else w
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.add(x, None)
+
+    def add(self, x: torch.Tensor, other: torch.Tensor | None) -> torch.Tensor:
+        """(other +) x W^T (+ b): with other, the residual connection in the same kernel."""
+        if self.kernel and (x.shape[0] <= KERNEL_ROWS or self.packed is None):
+            return self._streamed(x, other)
+        if self.mkldnn:
+            if other is None:
+                return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.bias, "add")
+        assert self.packed is not None
+        y = F.linear(x, self.packed, self.bias)
+        return y if other is None else y + other
+
+    def _streamed(self, x: torch.Tensor, other: torch.Tensor | None) -> torch.Tensor:
+        xs = x if self.in_scale is None else x * self.in_scale
+        if len(self.ws) == 1 and self.scales[0] is None:
+            return int8_kernel.float_linear(xs, self.ws[0], self.biases[0], other)
+        y = x.new_empty(x.shape[0], self.out_features)
+        n0 = 0
+        for w, s, b in zip(self.ws, self.scales, self.biases):
+            n1 = n0 + w.shape[0]
+            o = None if other is None else other[:, n0:n1]
+            int8_kernel.float_linear(xs, w, b, o, scale=s, out=y[:, n0:n1])
+            n0 = n1
+        return y
+
+
 class Layer:
     """One decoder layer's weights, packed: norms, fused q/k/v (and their biases), output, fused
     gate/up, down."""
+
+    qkv: Linear | FloatLinear
+    o: Linear | FloatLinear
+    gate_up: Linear | FloatLinear
+    down: Linear | FloatLinear
 
     def __init__(self, layer: Any) -> None:
         att, mlp = layer.self_attn, layer.mlp
@@ -183,21 +241,18 @@ class Layer:
         # bias (Qwen2) is scaled with its rows, and the norm's weight does not touch a bias
         ln1 = layer.input_layernorm.weight.detach()
         ln2 = layer.post_attention_layernorm.weight.detach()
-        projs = (att.q_proj, att.k_proj, att.v_proj)
-        qkv = torch.cat([att.q_proj.weight * att.scaling, att.k_proj.weight, att.v_proj.weight])
-        bias = None
-        if any(getattr(p, "bias", None) is not None for p in projs):
-            parts = [
-                p.bias.detach()
-                if getattr(p, "bias", None) is not None
-                else p.weight.new_zeros(p.out_features)
-                for p in projs
-            ]
-            bias = torch.cat([parts[0] * att.scaling, parts[1], parts[2]])
-        self.qkv = Linear(qkv * ln1, bias)
-        self.o = Linear(att.o_proj.weight)
-        self.gate_up = Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]) * ln2)
-        self.down = Linear(mlp.down_proj.weight)
+        self.qkv = FloatLinear(
+            [
+                (p.weight, att.scaling if p is att.q_proj else 1.0, getattr(p, "bias", None))
+                for p in (att.q_proj, att.k_proj, att.v_proj)
+            ],
+            in_scale=ln1,
+        )
+        self.o = FloatLinear([(att.o_proj.weight, 1.0, None)])
+        self.gate_up = FloatLinear(
+            [(mlp.gate_proj.weight, 1.0, None), (mlp.up_proj.weight, 1.0, None)], in_scale=ln2
+        )
+        self.down = FloatLinear([(mlp.down_proj.weight, 1.0, None)])
         self.inter = mlp.gate_proj.weight.shape[0]
 
     def _int8(self, layer: Any) -> None:
@@ -237,6 +292,7 @@ class Decoder:
         self.hidden = cfg.hidden_size
         self.rotary = base.rotary_emb
         norm = base.norm.weight.detach()
+        self.head: Linear | FloatLinear
         if is_quantized(model):  # the int8 table (shared with the head when tied): rows made per lookup
             emb, head = base.embed_tokens, model.lm_head
             self.embed = emb.forward
@@ -244,7 +300,9 @@ class Decoder:
         else:
             weight = base.embed_tokens.weight.detach()
             self.embed = lambda ids: F.embedding(ids, weight)  # token ids -> rows
-            self.head = Linear(model.lm_head.weight, in_scale=norm)  # the final norm's weight folded in
+            # the final norm's weight applied to the input; no packed copy (the head is read a row at a
+            # time, and its weight is as large as the embedding table it is often tied to)
+            self.head = FloatLinear([(model.lm_head.weight, 1.0, None)], in_scale=norm, pack=False)
         self.layers = [Layer(layer) for layer in base.layers]
         self.version = _weights_version(model)
 

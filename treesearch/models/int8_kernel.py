@@ -25,6 +25,7 @@ import ctypes
 import hashlib
 import os
 import shutil
+import string
 import subprocess
 import tempfile
 import warnings
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 
 from treesearch.models.paths import cache_dir
 
-SOURCE = r"""
+_HEAD = r"""
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -46,7 +47,7 @@ SOURCE = r"""
 typedef __m512 vf;
 #define VZERO() _mm512_setzero_ps()
 #define VLOADX(p) _mm512_loadu_ps(p)
-#define VLOADW(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define VLOADW_int8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 static inline float hsum(vf v) {
     __m256 lo = _mm512_castps512_ps256(v);
@@ -62,7 +63,7 @@ static inline float hsum(vf v) {
 typedef __m256 vf;
 #define VZERO() _mm256_setzero_ps()
 #define VLOADX(p) _mm256_loadu_ps(p)
-#define VLOADW(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define VLOADW_int8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 static inline float hsum(vf v) {
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -71,28 +72,36 @@ static inline float hsum(vf v) {
     return _mm_cvtss_f32(s1);
 }
 #endif
-
-/* Every (row, channel) dot product is: W lanes accumulated by FMA over k < K - K % W in order,
-   summed across lanes (hsum), then the tail k >= K - K % W added one by one; then times the
-   channel's scale, plus its bias, plus other. The tiles below only change which dot products run
-   side by side, never this order. */
-static inline float finish(float acc, const float *x, const int8_t *w, int64_t k0, int64_t K,
-                           float s, const float *bias, int64_t n, const float *other) {
-    for (int64_t k = k0; k < K; k++) acc += x[k] * (float)w[k];
-    float y = acc * s;
-    if (bias) y += bias[n];
-    if (other) y += other[n];
-    return y;
-}
+#define VLOADW_f32(p) VLOADX(p)
 
 /* The next tile's weight lines, fetched while this tile computes: the hardware prefetcher does not
    follow C channel rows K bytes apart well, and without this the one-row product ran at about half
    the machine's read bandwidth (a hint only: it changes no arithmetic; past the end it is a no-op). */
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
+#define NB 16 /* channels per tile: its weights (NB K values) stay in cache while every row reads them */
+"""
+
+# The product, instantiated once per weight type: T names it, WT is the C type, PF masks k so that the
+# next tile's weights are prefetched once per 64-byte line (64 int8 or 16 float32 values).
+_PRODUCT = string.Template(r"""
+/* Every (row, channel) dot product is: W lanes accumulated by FMA over k < K - K % W in order,
+   summed across lanes (hsum), then the tail k >= K - K % W added one by one; then times the
+   channel's scale, plus its bias, plus other. The tiles below only change which dot products run
+   side by side, never this order. */
+static inline float finish_$T(float acc, const float *x, const $WT *w, int64_t k0, int64_t K,
+                           const float *s, const float *bias, int64_t n, const float *other) {
+    for (int64_t k = k0; k < K; k++) acc += x[k] * (float)w[k];
+    float y = s ? acc * s[n] : acc;
+    if (bias) y += bias[n];
+    if (other) y += other[n];
+    return y;
+}
+
+
 /* R rows x C channels at a time, R*C accumulators in registers. */
-#define TILE(NAME, R, C)                                                                            \
-static void NAME(const float *x, int64_t ldx, const int8_t *w, int64_t K, const float *scale,       \
+#define TILE_$T(NAME, R, C)                                                                            \
+static void NAME(const float *x, int64_t ldx, const $WT *w, int64_t K, const float *scale,       \
                  const float *bias, const float *other, int64_t ldo, float *y, int64_t ldy,          \
                  int64_t r0, int64_t n0) {                                                          \
     vf acc[R][C];                                                                                   \
@@ -100,10 +109,10 @@ static void NAME(const float *x, int64_t ldx, const int8_t *w, int64_t K, const 
         for (int j = 0; j < C; j++) acc[i][j] = VZERO();                                            \
     int64_t kv = K - K % W;                                                                         \
     for (int64_t k = 0; k < kv; k += W) {                                                           \
-        if ((k & 63) == 0)                                                                          \
+        if ((k & $PF) == 0)                                                                          \
             for (int j = 0; j < C; j++) PREFETCH(w + (n0 + C + j) * K + k);                         \
         vf wv[C];                                                                                   \
-        for (int j = 0; j < C; j++) wv[j] = VLOADW(w + (n0 + j) * K + k);                          \
+        for (int j = 0; j < C; j++) wv[j] = VLOADW_$T(w + (n0 + j) * K + k);                          \
         for (int i = 0; i < R; i++) {                                                               \
             vf xv = VLOADX(x + (r0 + i) * ldx + k);                                                 \
             for (int j = 0; j < C; j++) acc[i][j] = VFMA(xv, wv[j], acc[i][j]);                     \
@@ -112,23 +121,22 @@ static void NAME(const float *x, int64_t ldx, const int8_t *w, int64_t K, const 
     for (int i = 0; i < R; i++)                                                                     \
         for (int j = 0; j < C; j++) {                                                               \
             int64_t n = n0 + j, r = r0 + i;                                                         \
-            y[r * ldy + n] = finish(hsum(acc[i][j]), x + r * ldx, w + n * K, kv, K, scale[n], bias, \
+            y[r * ldy + n] = finish_$T(hsum(acc[i][j]), x + r * ldx, w + n * K, kv, K, scale, bias, \
                                     n, other ? other + r * ldo : 0);                                \
         }                                                                                           \
 }
 
-TILE(tile_6x2, 6, 2)
-TILE(tile_4x2, 4, 2)
-TILE(tile_1x4, 1, 4)
-TILE(tile_4x1, 4, 1)
-TILE(tile_1x1, 1, 1)
+TILE_$T(tile_6x2_$T, 6, 2)
+TILE_$T(tile_4x2_$T, 4, 2)
+TILE_$T(tile_1x4_$T, 1, 4)
+TILE_$T(tile_4x1_$T, 4, 1)
+TILE_$T(tile_1x1_$T, 1, 1)
 
-#define NB 16 /* channels per tile: its weights (NB K bytes) stay in cache while every row reads them */
 
-/* x [rows, K] (row stride ldx), w [N, K] int8 row-major, scale [N], bias [N] or NULL, other
+/* x [rows, K] (row stride ldx), w [N, K] row-major, scale [N] or NULL (1), bias [N] or NULL, other
    [rows, N] (row stride ldo) or NULL, y [rows, N] (row stride ldy). Tiles of NB channels are
    shared out over up to `threads` OpenMP threads. */
-void ts_int8_linear(const float *x, int64_t ldx, int64_t rows, int64_t K, const int8_t *w,
+void ts_${T}_linear(const float *x, int64_t ldx, int64_t rows, int64_t K, const $WT *w,
                     const float *scale, const float *bias, const float *other, int64_t ldo, float *y,
                     int64_t ldy, int64_t N, int64_t threads) {
     int64_t tiles = (N + NB - 1) / NB;
@@ -143,24 +151,26 @@ void ts_int8_linear(const float *x, int64_t ldx, int64_t rows, int64_t K, const 
         int64_t r = 0;
         for (; r + 6 <= rows; r += 6) {
             int64_t n = n0;
-            for (; n + 2 <= n1; n += 2) tile_6x2(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
-            for (; n < n1; n++) tile_4x1(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n),
-                                tile_1x1(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r + 4, n),
-                                tile_1x1(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r + 5, n);
+            for (; n + 2 <= n1; n += 2) tile_6x2_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+            for (; n < n1; n++) tile_4x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n),
+                                tile_1x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r + 4, n),
+                                tile_1x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r + 5, n);
         }
         for (; r + 4 <= rows; r += 4) {
             int64_t n = n0;
-            for (; n + 2 <= n1; n += 2) tile_4x2(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
-            for (; n < n1; n++) tile_4x1(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+            for (; n + 2 <= n1; n += 2) tile_4x2_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+            for (; n < n1; n++) tile_4x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
         }
         for (; r < rows; r++) {
             int64_t n = n0;
-            for (; n + 4 <= n1; n += 4) tile_1x4(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
-            for (; n < n1; n++) tile_1x1(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+            for (; n + 4 <= n1; n += 4) tile_1x4_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+            for (; n < n1; n++) tile_1x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
         }
     }
 }
+""")
 
+_ROWS = r"""
 /* Rows of an int8 table as float32 (an embedding lookup): out[i] = w[ids[i]] * scale[ids[i]]. */
 void ts_int8_rows(const int64_t *ids, int64_t n, const int8_t *w, const float *scale, int64_t K,
                   float *out) {
@@ -171,6 +181,13 @@ void ts_int8_rows(const int64_t *ids, int64_t n, const int8_t *w, const float *s
     }
 }
 """
+
+SOURCE = (
+    _HEAD
+    + _PRODUCT.substitute(T="int8", WT="int8_t", PF="63")
+    + _PRODUCT.substitute(T="f32", WT="float", PF="15")
+    + _ROWS
+)
 
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
@@ -224,22 +241,10 @@ def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
                 raise OSError(f"{cc} failed: {done.stderr.strip()[-300:]}")
             os.replace(out, lib)
     dll = ctypes.CDLL(str(lib))
-    dll.ts_int8_linear.argtypes = [
-        _PTR,
-        _I64,
-        _I64,
-        _I64,
-        _PTR,
-        _PTR,
-        _PTR,
-        _PTR,
-        _I64,
-        _PTR,
-        _I64,
-        _I64,
-        _I64,
-    ]
-    dll.ts_int8_linear.restype = None
+    for name in ("ts_int8_linear", "ts_f32_linear"):
+        fn = getattr(dll, name)
+        fn.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64]
+        fn.restype = None
     dll.ts_int8_rows.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _PTR]
     dll.ts_int8_rows.restype = None
     return dll
@@ -295,30 +300,67 @@ def linear(
 ) -> torch.Tensor:
     """x [rows, K] float32, weight [N, K] int8, scale [N] -> x (weight * scale[:, None])^T (+ bias)
     (+ other [rows, N]) as float32 [rows, N], through the kernel where it builds."""
-    rows, k = x.shape
-    n = weight.shape[0]
     dll = load()
     if dll is None:
         return _torch_linear(x, weight, scale, bias, other)
+    return _call(dll.ts_int8_linear, x, weight, scale, bias, other, None)
+
+
+def float_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    other: torch.Tensor | None = None,
+    *,
+    scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [rows, K] float32, weight [N, K] float32 (contiguous) -> x weight^T (* scale [N]) (+ bias)
+    (+ other) through the same tiles as `linear` (batch invariant, the weight read once per call),
+    written into out [rows, N] (rows may be strided: a column slice of a wider result) when given;
+    torch's `F.linear` where the kernel does not build."""
+    dll = load()
+    if dll is None:
+        y = F.linear(x, weight)
+        y = y if scale is None else y * scale
+        y = y if bias is None else y + bias
+        y = y if other is None else y + other
+        return y if out is None else out.copy_(y)
+    return _call(dll.ts_f32_linear, x, weight, scale, bias, other, out)
+
+
+def _call(
+    fn: Any,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    other: torch.Tensor | None,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    rows, k = x.shape
+    n = weight.shape[0]
     if x.stride(1) != 1 or x.dtype != torch.float32:
         x = x.contiguous().float()
     if other is not None and (other.stride(1) != 1 or other.dtype != torch.float32):
         other = other.contiguous().float()
-    y = torch.empty(rows, n)
+    y = torch.empty(rows, n) if out is None else out
+    if y.stride(1) != 1 or y.shape != (rows, n):
+        raise ValueError(f"out must be [{rows}, {n}] with unit column stride, not {tuple(y.shape)}")
     if rows == 0:
         return y
-    dll.ts_int8_linear(
+    fn(
         x.data_ptr(),
         x.stride(0),
         rows,
         k,
         weight.data_ptr(),
-        scale.data_ptr(),
+        None if scale is None else scale.data_ptr(),
         None if bias is None else bias.data_ptr(),
         None if other is None else other.data_ptr(),
         0 if other is None else other.stride(0),
         y.data_ptr(),
-        n,
+        y.stride(0),
         n,
         torch.get_num_threads(),
     )
