@@ -14,7 +14,7 @@ about 40 small ops per layer (views included) over weights packed once per model
 - Attention with `ATTENTION = "kernel"`: every run each row reads (cached prefix runs, shared or
   its own, and the step's buffer) in one compiled call per layer on all the step's threads, split
   into chunks merged by log-sum-exp (`treesearch.engine.attend_kernel`); the torch ops below are
-  the path where it cannot be built, and the default (see `ATTENTION`).
+  the default (see `ATTENTION`); the torch ops below are the path where it cannot be built.
 - Attention ("math", `_attend_joint`): one softmax over each row's buffer and the cached runs every
   row reads, their scores side by side (K/V read in place). The runs a row reads apart from the
   others (its own, and runs only some rows read) are merged into it by the compiled kernel of
@@ -61,11 +61,11 @@ PACK_ROWS = 4  # oneDNN's batch-size hint for packing: 4 and 16 stream alike at 
 # "math" (matmul, softmax with its log-normaliser, matmul), "flash" (SDPA's CPU flash kernel: per
 # step in examples/measure_kv.py decode, several times slower over a 1,000-token prefix) or
 # "kernel": every run in one compiled call per layer on all threads (`treesearch.engine.attend_kernel`;
-# where it cannot be built, "math"). `measure_kv.py limit` times kernel and math side by side: on a
-# 2-core machine loaded ~9x over (the only one measured), 1,000-token context, one thread: 1 row
-# 1.01x math's time, 14 rows 1.18x; two threads 1.32x / 1.47x (its barriers wait on descheduled
-# threads). So "math" stays the default until a quiet machine says otherwise.
-ATTENTION = "math"
+# where it cannot be built, "math"). `measure_kv.py limit` times the variants side by side; alone on
+# a 2-core EPYC, two threads, 1,000-token context, the kernel's step against math's: default model
+# 40 vs 53 ms at 1 row, 53 vs 63 at 4, 109 vs 125 at 16; 0.5B 81-88 vs 94-96 at 1 row, about equal
+# at 4 and 16. (On a machine loaded ~9x over it lost: its barriers wait on descheduled threads.)
+ATTENTION = "kernel"
 # The runs each read by one row are copied side by side into one padded K/V block per step (two
 # matrix products per layer for all rows, not two per row and run) when that block takes at most
 # this many bytes: at 16 rows of 4-6 own tokens on the default model (a 4.4 MB block) the step
