@@ -4,7 +4,7 @@ Why: a decode step through the transformers layers is mostly per-operation overh
 dozens of small eager ops, Python per layer and per cached run), not weight reads. This step runs
 about 40 small ops per layer (views included) over weights packed once per model:
 - q/k/v side by side in one projection (with their biases, as Qwen2 has) and gate/up in another.
-  A step of up to `KERNEL_ROWS` rows multiplies the model's own float32 weights by the streaming
+  A step of up to `KERNEL_ROWS` (6) rows multiplies the model's own float32 weights by the streaming
   kernel of `treesearch.models.int8_kernel` (no copy; a row's result the same bits at any batch
   size); wider products (prefill chunks, wide steps) use oneDNN's packed copy
   (`mkldnn._reorder_linear_weight`) of the folded matrix, where torch has oneDNN. The LM head keeps
@@ -52,11 +52,11 @@ from treesearch.models import int8_kernel
 from treesearch.models.quantize import Int8Linear, is_quantized
 
 # float32 products of up to this many rows go through the streaming kernel over the model's own
-# weights (`FloatLinear`); more, through oneDNN's packed copy. A model's layers of products, two
-# threads, an EPYC (AVX2), the kernel's speed over oneDNN's: 0.5B 1.2-1.4x at 1-6 rows, 1.06x at 8-12,
-# 0.8-1.1x at 16, 0.64-0.79x at 24-512; SmolLM2 1.1x at 1-4, 1.04x at 8, 0.8-0.9x at 16-24
-# (`examples/measure_int8.py --kernels`).
-KERNEL_ROWS = 8
+# weights (`FloatLinear`); more, through oneDNN's packed copy. Alone on a 2-core EPYC (AVX2), two
+# threads, the kernel's speed over oneDNN's on the 0.5B's products: one layer 1.44x at 1 row, 1.28x
+# at 4, 0.87x at 8, 0.95x at 16, 0.53-0.59x at 64-256 (`examples/measure_int8.py --kernels`); all 24
+# layers 1.2-1.4x at 1-6 rows, 0.9-1.06x at 8. Six rows are one pass of its widest tile.
+KERNEL_ROWS = 6
 PACK_ROWS = 4  # oneDNN's batch-size hint for packing: 4 and 16 stream alike at 1..16 rows, 1 is slower
 # "math" (matmul, softmax with its log-normaliser, matmul), "flash" (SDPA's CPU flash kernel: per
 # step in examples/measure_kv.py decode, several times slower over a 1,000-token prefix) or
