@@ -190,7 +190,7 @@ def test_each_budget_is_its_percent_of_that_concurrencys_unbounded_peak_and_hold
         peak = doc["modes"]["exact" + at]["peak_kv_bytes"]
         least = doc["modes"]["exact" + at]["least_budget_bytes"]
         stated = int(peak * r["budget_percent"] / 100)
-        # least: a lone call's need as the cache stood (pinned prompts, its context and whole
+        # least: a lone call's need as the cache stood (its root prompt's new blocks, its context and whole
         # buffer), a bound a run need not reach: 3 searches interleaved can peak below it
         assert r["exact_peak_kv_bytes"] == peak and 0 < least
         assert r["peak_kv_bytes"] <= r["budget_bytes"], r["name"]

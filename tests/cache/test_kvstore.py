@@ -130,13 +130,14 @@ def test_make_room_raises_when_everything_is_pinned():
     store.check_invariants()
 
 
-def test_pinned_owner_pins_what_it_holds_until_released():
+def test_an_owner_holds_without_pinning_and_a_reader_pins_until_it_stops():
     store = KVStore(bytes_per_token=BPT, block_size=BS)
     a, _ = store.insert([], [1, 2, 3], kv(3))
-    store.pin_owner("root")
     store.acquire("root", (a, 3))
+    assert a.pins == 0 and store.evictable() == [a]
+    store.pin([(a, 3)])
     assert a.pins == 1 and store.evictable() == []
-    store.release("root")
+    store.unpin([(a, 3)])
     assert a.pins == 0 and store.evictable() == [a]
     store.check_invariants()
 

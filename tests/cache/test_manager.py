@@ -22,7 +22,7 @@ from treesearch.common.config import RKSCConfig
 from treesearch.common.errors import CacheBudgetError
 from treesearch.common.stats import Stats
 from treesearch.engine.runner import hold_rows, make_resident, prepare_rows
-from treesearch.policies.rsbcm import UNSCORED
+from treesearch.policies.rsbcm import UNSCORED, RootPrompt
 
 BPT = 8  # bytes per token in these tests
 BS = 4  # tokens per block
@@ -131,33 +131,40 @@ def test_check_budget_names_the_least_budget_and_counts_it_in_the_rows_stats():
     cm.check_budget([], extra=100)  # no rows: nothing to check
 
 
-def with_pinned_prompt() -> CacheManager:
-    """A manager (budget 1000) whose owner "root" has its prompt [1..5] (2 blocks) pinned."""
+def with_protected_prompt() -> CacheManager:
+    """A manager (budget 1000) whose owner "root" has its prompt [1..5] (2 blocks) protected."""
     cm, _ = make(budget=1000)
-    cm.pin_owner("root")
+    cm.protect("root")
     end = cm.store_kv([1, 2, 3, 4, 5], 0, kvt([1, 2, 3, 4, 5], 0))
-    cm.pin_prompts([end], ["root"])
+    cm.hold_prompt(end, "root")
     cm.end_call()
     return cm
 
 
-def test_dropped_prompt_pins_leave_the_prompts_held_evictable_until_the_owner_is_released():
-    cm = with_pinned_prompt()
-    assert cm.store.pinned_bytes() == 2 * BLOCK and cm.prompt_pinned("root")
-    assert cm.drop_prompt_pins() and not cm.drop_prompt_pins()  # none left the second time
-    assert cm.store.pinned_bytes() == 0 and not cm.prompt_pinned("root")
-    assert cm.store.owners() == [("prompt", "root")]  # still held: evicted only for room
+def test_a_protected_prompt_is_held_unpinned_and_evicted_after_every_other_segment():
+    cm = with_protected_prompt()
+    assert cm.store.pinned_bytes() == 0 and cm.protected("root") and not cm.protected(None)
+    assert cm.store.owners() == [RootPrompt("root")]  # held: evicted only for room, and last
+    other = put(cm, [7, 7, 7, 7])
+    cm.acquire(5, other)  # a judged branch (omega 5) still goes before the root prompt
+    cm.set_priority(lambda o: 5.0)
+    cm.store.budget = 2 * BLOCK
+    cm.store.make_room(0)
+    assert cm.store.eviction_log == cm.store.block_ids(other[0])
+    cm.store.budget = 0
+    cm.store.make_room(0)  # nothing pins the root prompt: a budget that needs its room gets it
+    assert cm.store.bytes_held == 0
     cm.release("root")
-    assert cm.store.owners() == []
+    assert cm.store.owners() == [5] and not cm.protected("root")
     cm.store.check_invariants()
 
 
-def test_check_budget_adds_what_pinned_prompts_keep_to_every_rows_need():
-    cm = with_pinned_prompt()
+def test_check_budget_counts_no_protected_prompt_of_an_earlier_call():
+    cm = with_protected_prompt()
     r = Row(ids=[7, 7, 7], stats=Stats())
     cm.lookup([r])
     cm.check_budget([r], extra=2)
-    assert r.stats.least_budget_bytes == 2 * BLOCK + (3 + 2) * BPT  # the pinned prompt + the row's buffer
+    assert r.stats.least_budget_bytes == (3 + 2) * BPT  # the row's buffer: the prompt is evictable
 
 
 def test_a_must_store_rows_bare_need_counts_its_prompt_once_not_beside_its_reused_chain():
@@ -347,21 +354,22 @@ def test_hold_pins_every_rows_chain_recomputes_it_and_counts_a_bare_rows_cut():
 # -- owners, prompt pins, searches ----------------------------------------------------------------------
 
 
-def test_prompt_pins_hold_pinned_owners_prompts_until_the_owner_is_released():
+def test_protected_owners_prompts_are_held_by_their_root_prompt_until_the_owner_is_released():
     cm, _ = make()
-    cm.pin_owner("root")
-    assert cm.prompt_pinned("root") and not cm.prompt_pinned("x") and not cm.prompt_pinned(None)
+    cm.protect("root")
+    assert cm.protected("root") and not cm.protected("x") and not cm.protected(None)
     end = cm.store_kv([1, 2, 3, 4, 5], 0, kvt([1, 2, 3, 4, 5], 0))
     other = cm.store_kv([7, 7], 0, kvt([7, 7], 0))
-    cm.pin_prompts([end, other, None], ["root", "x", "root"])
+    cm.hold_prompt(end, "root")
+    cm.hold_prompt(other, "x")  # not protected: nothing held
     cm.end_call()
     a, o = end[0], other[0]
-    assert (a.owners, a.pins, o.owners, o.pins) == ({("prompt", "root")}, 1, set(), 0)
+    assert (a.owners, a.pins, o.owners, o.pins) == ({RootPrompt("root")}, 0, set(), 0)
     cm.acquire("root", end)
     cm.tag_owners([other, None, end], ["x", "y", None])
-    assert a.owners == {("prompt", "root"), "root"} and o.owners == {"x"}
+    assert a.owners == {RootPrompt("root"), "root"} and o.owners == {"x"}
     cm.release("root")
-    assert (a.owners, a.pins) == (set(), 0) and not cm.prompt_pinned("root")
+    assert (a.owners, a.pins) == (set(), 0) and not cm.protected("root")
     cm.acquire("z", None)  # no handle: nothing held
     assert sorted(cm.store.owners(), key=str) == ["x"]
     cm.store.check_invariants()
@@ -386,17 +394,17 @@ def test_end_search_keeps_the_ended_and_live_searches_prompts_and_forgets_the_re
 
 def test_new_search_releases_owners_keeps_the_last_searchs_prompts_and_resets_counters():
     cm, _ = make(budget=2 * BLOCK)
-    cm.pin_owner("root")
+    cm.protect("root")
     p = cm.store_kv([1, 2, 3, 4], 0, kvt([1, 2, 3, 4], 0))
-    cm.pin_prompts([p], ["root"])
+    cm.hold_prompt(p, "root")
     cm.count_prompt(p, "s1")
     cm.end_call()
     g = put(cm, [1, 2, 3, 4, 5], 4)
     cm.acquire("node", g)
-    put(cm, [8, 8, 8, 8])  # evicts the generation: root's prompt is pinned
+    put(cm, [8, 8, 8, 8])  # evicts the generation: root's prompt is in the protected tier
     assert cm.store.evicted_blocks == 1 and not g[0].resident
     cm.new_search(last="s1")
-    assert cm.store.owners() == [] and not cm.prompt_pinned("root") and p[0].pins == 0
+    assert cm.store.owners() == [] and not cm.protected("root") and p[0].pins == 0
     assert set(cm.store.segments) == {p[0].id}
     assert cm.store.evicted_blocks == 0 and cm.store.eviction_log == []
     assert cm.store.peak_held == BLOCK == cm.store.bytes_held
@@ -503,7 +511,7 @@ op = st.one_of(
     st.tuples(st.just("store_must"), st.integers(0, 30), st.lists(st.integers(1, 2), min_size=1, max_size=6)),
     st.tuples(st.just("acquire"), st.integers(0, 1), st.integers(0, 30)),
     st.tuples(st.just("release"), st.integers(0, 1), st.just([])),
-    st.tuples(st.just("pin_owner"), st.integers(0, 1), st.just([])),
+    st.tuples(st.just("protect"), st.integers(0, 1), st.just([])),
     st.tuples(st.just("prompt"), st.integers(0, 1), st.integers(0, 30)),
     st.tuples(st.just("end_call"), st.just(0), st.just([])),
 )
@@ -519,7 +527,7 @@ def test_random_owner_and_store_sequences_keep_the_store_consistent_and_refs_as_
     cm, _ = make(budget=None if budget_blocks is None else budget_blocks * BLOCK)
     cm.set_priority(lambda o: float(o) if isinstance(o, int) else None)
     held: dict = {}  # the model: owner -> ids of the segments it holds
-    pinned: set = set()  # owners pinned with pin_owner, not released since
+    protected: set = set()  # owners protected, not released since
     ends: list[tuple[Segment, int]] = []
 
     def hold(owner, end):
@@ -541,16 +549,16 @@ def test_random_owner_and_store_sequences_keep_the_store_consistent_and_refs_as_
         elif name == "release":
             cm.release(x)
             held.pop(x, None)
-            if x in pinned:
-                held.pop(("prompt", x), None)
-            pinned.discard(x)
-        elif name == "pin_owner":
-            cm.pin_owner(x)
-            pinned.add(x)
+            if x in protected:
+                held.pop(RootPrompt(x), None)
+            protected.discard(x)
+        elif name == "protect":
+            cm.protect(x)
+            protected.add(x)
         elif name == "prompt" and ends:
-            cm.pin_prompts([ends[y % len(ends)]], [x])
-            if x in pinned:
-                hold(("prompt", x), ends[y % len(ends)])
+            cm.hold_prompt(ends[y % len(ends)], x)
+            if x in protected:
+                hold(RootPrompt(x), ends[y % len(ends)])
         elif name == "end_call":
             cm.end_call()
         store = cm.store
@@ -558,7 +566,6 @@ def test_random_owner_and_store_sequences_keep_the_store_consistent_and_refs_as_
         for seg in store.segments.values():
             assert seg.owners == {o for o, ids in held.items() if seg.id in ids}
             assert kv_is_exact(seg)
-        assert all(cm.prompt_pinned(o) == (o in pinned) for o in range(2))
+        assert all(cm.protected(o) == (o in protected) for o in range(2))
     cm.end_call()
-    for seg in cm.store.segments.values():  # what stays pinned: the pinned owners' prompts
-        assert seg.pins == sum(1 for o in pinned if seg.id in held.get(("prompt", o), ()))
+    assert all(seg.pins == 0 for seg in cm.store.segments.values())  # no reader left: nothing pinned

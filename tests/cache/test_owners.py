@@ -1,8 +1,8 @@
 """The owner table on hand-built segments (no store, no model): which owner holds which segment,
-refs counted once per owner, segments freed exactly at their last release, pinned owners' pins.
+refs counted once per owner, segments freed exactly at their last release, holding never pinning.
 
-The property test drives the table with random acquire / release / pin_owner and checks, after each
-one, `OwnerTable.check` plus the exact refs and pins recomputed from a plain model of the table."""
+The property test drives the table with random acquire / release and checks, after each
+one, `OwnerTable.check` plus the exact refs recomputed from a plain model of the table."""
 
 from __future__ import annotations
 
@@ -50,36 +50,6 @@ def test_release_frees_exactly_the_segments_whose_last_owner_let_go_by_id():
     table.check(t[k] for k in "abc")
 
 
-def test_a_pinned_owner_pins_what_it_holds_and_what_it_acquires_later_until_released():
-    t = tree()
-    table = OwnerTable()
-    table.acquire("p", (t["a"], 3))
-    table.pin_owner("p")
-    table.pin_owner("p")  # pinning again adds nothing
-    assert [t[k].pins for k in "abc"] == [1, 0, 0]
-    table.acquire("p", (t["b"], 2))
-    assert [t[k].pins for k in "abc"] == [1, 1, 0]
-    table.check(t[k] for k in "abc")
-    assert table.release("p") == [t["a"], t["b"]]
-    assert [t[k].pins for k in "abc"] == [0, 0, 0]
-    table.acquire("p", (t["b"], 2))  # released owners are no longer pinned
-    assert [t[k].pins for k in "abc"] == [0, 0, 0]
-
-
-def test_an_unpinned_owner_keeps_what_it_holds_evictable_and_frees_it_when_released():
-    t = tree()
-    table = OwnerTable()
-    table.pin_owner("p")
-    table.acquire("p", (t["b"], 2))
-    table.unpin_owner("p")
-    table.unpin_owner("p")  # unpinning again takes no second pin
-    assert [t[k].pins for k in "abc"] == [0, 0, 0] and table.held_by("p") == {t["a"], t["b"]}
-    table.acquire("p", (t["c"], 1))  # acquired later: not pinned either
-    assert t["c"].pins == 0
-    table.check(t[k] for k in "abc")
-    assert table.release("p") == [t["a"], t["b"], t["c"]]
-
-
 def test_check_catches_a_segment_whose_owners_disagree_with_the_table():
     t = tree()
     table = OwnerTable()
@@ -92,18 +62,16 @@ def test_check_catches_a_segment_whose_owners_disagree_with_the_table():
 op = st.one_of(
     st.tuples(st.just("acquire"), st.integers(0, 3), st.sampled_from("abc")),
     st.tuples(st.just("release"), st.integers(0, 3), st.just("")),
-    st.tuples(st.just("pin_owner"), st.integers(0, 3), st.just("")),
 )
 
 
 @settings(max_examples=100, deadline=None)
 @given(ops=st.lists(op, max_size=30))
-def test_refs_and_pins_match_a_plain_model_after_every_operation(ops):
+def test_refs_match_a_plain_model_and_nothing_is_pinned_after_every_operation(ops):
     t = tree()
     context = {"a": {"a"}, "b": {"a", "b"}, "c": {"a", "c"}}
     table = OwnerTable()
     held: dict[int, set[str]] = {}  # the model: owner -> names of the segments it holds
-    pinned: set[int] = set()
     for name, owner, seg in ops:
         if name == "acquire":
             table.acquire(owner, (t[seg], len(t[seg])))
@@ -113,13 +81,9 @@ def test_refs_and_pins_match_a_plain_model_after_every_operation(ops):
             freed = table.release(owner)
             assert [s.id for s in freed] == [t[k].id for k in "abc" if before[k] == {owner}]
             held.pop(owner, None)
-            pinned.discard(owner)
-        else:
-            table.pin_owner(owner)
-            pinned.add(owner)
         table.check(t[k] for k in "abc")
         for k in "abc":
             holders = {o for o, segs in held.items() if k in segs}
             assert t[k].owners == holders and t[k].refs == len(holders)
-            assert t[k].pins == len(holders & pinned)  # only pinned owners pin here
+            assert t[k].pins == 0  # holding never pins
         assert sorted(table.owners()) == sorted(held)

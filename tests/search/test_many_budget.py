@@ -126,7 +126,7 @@ def test_a_search_that_runs_alone_within_a_budget_runs_within_it_beside_others(t
     """At the largest least budget of the searches alone, every search of solve_many completes,
     as it does alone. Other searches' pinned root prompts, and a root prompt that a kept cache
     splits over a template's blocks and its own, used to stop most of them (1, 0, 0 and 1 of 5
-    completed at concurrency 1, 2, 3 and 5); now a call that cannot fit unpins the prompts first."""
+    completed at concurrency 1, 2, 3 and 5); now root prompts are a protected tier, never pinned."""
     problem, ref, _ = _templated(tiny_lm, "custom")
     budget = max(r.stats["least_budget_bytes"] for r in ref)
     searcher = Searcher(

@@ -23,9 +23,12 @@ Protocol (enforced here with asserts naming the segment; relied on by the engine
    of them. `refs` == number of owners holding the segment; it never goes negative.
 3. A segment whose last owner lets go is *freed* at that moment: it joins `free_segments()` and is
    evicted before any owned segment (its K/V stays cached for exact reuse until space is needed).
-4. `pins` counts holders that must not lose the K/V: the running batch's chains (pinned for the
-   whole engine call) and permanently pinned owners such as the root prompt. Pinned segments are
-   never evicted; `unpin` more often than `pin` is a bug.
+4. `pins` is a reference count of readers: a row takes one on each segment of its chain when it
+   starts reading it (`pin`) and drops it when it stops (`unpin`): a generate row from admission
+   until it leaves or is preempted, a score row or a store for one step. Eviction skips every
+   segment with a count above zero; the root's count is permanent. Owners never pin (root prompts
+   are protected by a tier in the eviction order, `treesearch.policies.rsbcm`); `unpin` more
+   often than `pin` is a bug.
 5. Residency is closed under ancestors: only a resident, unpinned segment without resident
    children (a leaf of the resident tree) is evictable, so a resident segment's context is always
    resident or the store root (a resident child's parent is resident at least up to parent_len).
@@ -73,7 +76,7 @@ class KVStore:
         self._blocks = itertools.count(0)
         self._clock = itertools.count(1)
         self.segments: dict[int, Segment] = {}
-        self.owner_table = OwnerTable()  # owner -> segments it holds, pinned owners
+        self.owner_table = OwnerTable()  # owner -> segments it holds
         self.bytes_held = 0
         self.reserved = 0  # bytes of running batches' own K/V buffers, counted against the budget
         self.peak_held = 0  # highest bytes_held ever (the cache alone)
@@ -230,7 +233,7 @@ class KVStore:
                 raise CacheBudgetError(
                     f"cache_budget={self.budget} bytes cannot hold {nbytes} more bytes: {self.bytes_held} "
                     "are held "
-                    "by pinned segments (the running batch's context and pinned prompts) and "
+                    "by segments running rows read and "
                     f"{self.reserved} by "
                     f"running batch buffers; raise --cache-budget to at least "
                     f"{self.bytes_held + self.reserved + nbytes} or run fewer searches at once"
@@ -250,14 +253,6 @@ class KVStore:
 
     def held_by(self, owner: Hashable) -> set[Segment]:
         return self.owner_table.held_by(owner)
-
-    def pin_owner(self, owner: Hashable) -> None:
-        """Pin whatever this owner holds, now and later (e.g. the root prompt), until it is released."""
-        self.owner_table.pin_owner(owner)
-
-    def unpin_owner(self, owner: Hashable) -> None:
-        """What this owner holds may be evicted again (it still holds it until released)."""
-        self.owner_table.unpin_owner(owner)
 
     def free_segments(self) -> list[Segment]:
         """Resident segments no owner holds (evicted first)."""

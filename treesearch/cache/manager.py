@@ -3,15 +3,16 @@
 It alone reads the store's budget and segments. For each engine call it plans the rows: each
 row's longest cached prefix (`lookup`) and what one row needs under a budget (`need_bytes`,
 `check_budget`). After the engine's forwards it stores the K/V they computed (`store_kv`).
-It keeps owners and pins (thought-tree nodes holding contexts; root prompts pinned) and counts,
+It keeps owners (thought-tree nodes holding contexts; root prompts in RSBCM's protected tier),
+the reference counts of what the running step reads, and counts,
 per search, the prompt contexts that ran through each segment, so that when a search ends the
 cache keeps what its prompts and the live searches' prompts use (few-shot templates) and forgets
 the rest (`end_search`).
 
 Budget rules (see `treesearch.cache.kvstore` and `treesearch.policies.rsbcm`): the budget bounds all K/V, the
 running batch's own buffer included (`reserve`: a batch is counted before it is allocated). A call
-first checks that the budget can hold what must stay cached (pinned root prompts) plus any one
-row's context and buffer (else `CacheBudgetError` naming the minimum, before any forward); `plan`
+first checks that the budget can hold any one row's context and buffer, and a root prompt's
+blocks with it (else `CacheBudgetError` naming the minimum, before any forward); `plan`
 then splits the rows into batches that fit, and a batch that still finds too little room when it
 reserves its buffer is split again (a row waits for room, which finished batches and eviction
 make). The K/V a call computes in passing (new prompt tokens, generated tokens) is optional: it is
@@ -34,7 +35,7 @@ from treesearch.cache.kvstore import Chain, KVStore, Segment
 from treesearch.common.config import RKSCConfig
 from treesearch.common.errors import CacheBudgetError
 from treesearch.common.stats import Stats, distinct
-from treesearch.policies.rsbcm import UNSCORED, LRUPolicy, Priority, RSBCMPolicy
+from treesearch.policies.rsbcm import UNSCORED, LRUPolicy, Priority, RootPrompt, RSBCMPolicy
 
 Handle = tuple[Segment, int]  # a context end in the KV store: (segment, used tokens)
 
@@ -53,7 +54,7 @@ class Row:
     )
     bare: bool = False  # attend over no cached prefix: compute the whole prompt (a budget too small for both)
     cut: int = 0  # cached tokens a bare row computes again (counted as recomputed)
-    must_store: bool = False  # its prompt's K/V must be cached (a pinned owner's, e.g. the root's)
+    must_store: bool = False  # its prompt's K/V must be cached (a protected owner's, e.g. the root's)
     stats: Stats | None = None  # where the work done for this row is counted (its search's)
     search: Hashable = None  # the search it belongs to (its prompt counts are kept per search)
 
@@ -84,9 +85,8 @@ class CacheManager:
         self.policy = RSBCMPolicy()
         order = self.policy if config.eviction == "omega" else LRUPolicy()
         self.store = KVStore(bytes_per_token, config.block_size, budget=config.cache_budget, policy=order)
-        self._call_pins: list[Chain] = []  # chains pinned for the running engine call
-        self._prompt_pins: set = set()  # owners whose prompts are pinned (pin_owner)
-        self._prompt_owners: set = set()  # owners whose prompts are held as ("prompt", owner)
+        self._call_pins: list[Chain] = []  # chains read in the running step (their reference counts)
+        self._protected: set = set()  # owners whose prompts are held by RootPrompt(owner) (`protect`)
         self._prompt_hits: dict[int, set] = {}  # segment id -> searches whose prompt contexts ran through it
         self._evicted_seen = 0  # store.evicted_blocks already counted in some Stats
 
@@ -107,38 +107,24 @@ class CacheManager:
     def release(self, owner: Hashable) -> None:
         """`owner` lets go of every context it holds; blocks no one holds become free (evicted first)."""
         self.store.release(owner)
-        self._prompt_pins.discard(owner)
-        if owner in self._prompt_owners:
-            self._prompt_owners.discard(owner)
-            self.store.release(("prompt", owner))
+        if owner in self._protected:
+            self._protected.discard(owner)
+            self.store.release(RootPrompt(owner))
 
-    def pin_owner(self, owner: Hashable) -> None:
-        """Never evict the prompts of this owner's calls until `release(owner)` (or, on an engine
-        that searches share, until a call that cannot fit otherwise drops the pins)."""
-        self._prompt_pins.add(owner)
-        self._prompt_owners.add(owner)
-        self.store.pin_owner(("prompt", owner))
+    def protect(self, owner: Hashable) -> None:
+        """The prompts of this owner's calls (the root node's) must be cached when computed and go
+        in RSBCM's protected tier (evicted after everything else) until `release(owner)`."""
+        self._protected.add(owner)
 
-    def drop_prompt_pins(self) -> bool:
-        """Unpin every pinned prompt: still held, now evictable (recomputed on demand), and later
-        prompts of those owners are cached only where room is free. False: none was pinned."""
-        if not self._prompt_pins:
-            return False
-        for owner in self._prompt_pins:
-            self.store.unpin_owner(("prompt", owner))
-        self._prompt_pins.clear()
-        return True
-
-    def prompt_pinned(self, owner: Hashable | None) -> bool:
-        return owner is not None and owner in self._prompt_pins
+    def protected(self, owner: Hashable | None) -> bool:
+        return owner is not None and owner in self._protected
 
     def new_search(self, last: Hashable = None) -> None:
         """Between searches run one after another: release every owner, keep only the K/V that
         the last search's prompt contexts ran through, and start the counters afresh."""
         for owner in self.store.owners():
             self.store.release(owner)
-        self._prompt_pins.clear()
-        self._prompt_owners.clear()
+        self._protected.clear()
         self.end_search(last, live=set())
         self.store.reset_counters()
         self._evicted_seen = 0
@@ -158,11 +144,10 @@ class CacheManager:
         for s, _ in seg.context_chain(used):
             self._prompt_hits.setdefault(s.id, set()).add(search)
 
-    def pin_prompts(self, ends: list[Handle | None], owners: list[Any] | None) -> None:
-        """The prompt-pinned owners among `owners` hold their prompts' contexts."""
-        for end, owner in zip(ends, owners or []):
-            if end is not None and owner in self._prompt_pins:
-                self.store.acquire(("prompt", owner), end)
+    def hold_prompt(self, end: Handle, owner: Hashable) -> None:
+        """A protected owner's prompt context ending at `end` joins the protected tier."""
+        if owner in self._protected:
+            self.store.acquire(RootPrompt(owner), end)
 
     def tag_owners(self, handles: list[Handle | None], owners: list[Any] | None) -> None:
         for handle, owner in zip(handles, owners or []):
@@ -231,8 +216,8 @@ class CacheManager:
 
     def check_budget(self, rows: list[Row], extra: int, *, fail: bool = True) -> None:
         """Fail before any work when the budget cannot run every row: what must stay cached (the
-        pinned prompts, and the new prompt K/V of rows whose prompts are pinned) plus the largest
-        need of any one row alone (its context and its batch buffer). fail=False (the engine's, while
+        new prompt K/V of rows whose prompts are protected) plus the largest need of any one row
+        alone (its context and its batch buffer). fail=False (the engine's, while
         other calls' rows run): only record the least budget, since those rows' pins count here and
         go as they end; the call waits, and the scheduler fails it if alone it cannot fit."""
         if not rows:
@@ -245,7 +230,7 @@ class CacheManager:
         if fail and budget is not None and need > budget:
             bpt = self.store.bytes_per_token
             raise CacheBudgetError(
-                f"cache_budget={budget} bytes cannot run this call: the pinned prompts and one row's "
+                f"cache_budget={budget} bytes cannot run this call: the root prompts and one row's "
                 "context and "
                 f"batch buffer need at least {need} bytes ({need // bpt} tokens of K/V at {bpt} bytes each); "
                 f"raise --cache-budget to at least {need}, or run fewer searches at once"
@@ -267,7 +252,7 @@ class CacheManager:
         free_only: K/V computed in passing (a new prompt's, a generation's) is optional and takes
         only room that displaces nothing owned: free budget or segments no owner holds. Owned K/V
         is evicted, lowest omega first (RSBCM), only for what must be cached: the context a
-        running call attends over and pinned prompts. Otherwise every new prompt would push out
+        running call attends over and protected prompts. Otherwise every new prompt would push out
         the shared templates that all later prompts reuse (LRU breaks omega ties against them).
         Optional K/V whose context before `start` is not cached is kept as tokens only: caching
         it would first recompute that context."""

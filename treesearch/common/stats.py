@@ -23,9 +23,9 @@ class Stats:
     peak_kv_bytes: the most K/V held at once: the cache's blocks plus the running batches' own
     buffers (within cache_budget); peak_store_bytes: the cache's blocks alone. With several
     searches on one engine, both are the engine's peaks while the search ran.
-    least_budget_bytes: the largest minimum any call of the search had (the pinned prompts plus
-    one row's context and batch buffer, as the cache stood); a smaller cache_budget stops the same
-    search with CacheBudgetError, so it is where to start when choosing a budget.
+    least_budget_bytes: the largest minimum any call of the search had (one row's context and
+    batch buffer, with the new blocks of its root prompt where it has one, as the cache stood); a
+    smaller cache_budget stops the same search with CacheBudgetError, so it is where to start.
     merged_duplicates: children parsed from the generations whose state equals a sibling's
     (`Problem.state_key`), merged into it: greedy samples of one node repeat each other, so with
     samples_per_expand > 1 and temperature 0 they are all merged (node["merged"] counts them per node).

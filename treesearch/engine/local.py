@@ -38,7 +38,6 @@ from treesearch.common.stats import Stats, distinct, per_row
 from treesearch.engine.forward import Forward
 from treesearch.engine.labels import first_tokens_differ, label_sequences
 from treesearch.engine.ledger import SearchLedger
-from treesearch.engine.pins import check_call_budget
 from treesearch.engine.runner import Runner
 from treesearch.engine.running import Call, GenRow, ScoreRow
 from treesearch.engine.scheduler import Scheduler, rule_key, seeded
@@ -152,9 +151,10 @@ class Engine:
         self.cache.release(owner)
 
     def pin_owner(self, owner: Any) -> None:
-        """Never evict the prompts of this owner's calls (e.g. the root node's prompt template; not
-        its generations) until `release(owner)`."""
-        self.cache.pin_owner(owner)
+        """Protect the prompts of this owner's calls (e.g. the root node's prompt template; not its
+        generations) until `release(owner)`: always cached when computed, evicted after everything
+        else (RSBCM's protected tier), never pinned."""
+        self.cache.protect(owner)
 
     # -- public operations -----------------------------------------------------------------------
     @property
@@ -242,7 +242,7 @@ class Engine:
             for p, st in zip(prompts, charge)
         ]
         for r, owner in zip(rows, owners or []):
-            r.must_store = self.cache.prompt_pinned(owner)
+            r.must_store = self.cache.protected(owner)
         for r, p in zip(rows, prompts):
             if not r.ids:
                 raise ProblemDefinitionError("an empty prompt was given; prompts need at least one token")
@@ -254,5 +254,5 @@ class Engine:
                 )
         if self.config.shares:
             self.cache.lookup(rows)
-        check_call_budget(self, rows, extra, rows_held=self.scheduler.rows_held())
+        self.cache.check_budget(rows, extra, fail=not self.scheduler.rows_held())
         return rows

@@ -10,7 +10,6 @@ import torch
 
 from treesearch.cache.manager import Handle, Row
 from treesearch.common.errors import CacheBudgetError
-from treesearch.engine.pins import must_store
 from treesearch.engine.runner import Runner
 from treesearch.engine.running import GenRow
 
@@ -118,21 +117,19 @@ class RowMemory:
     def no_room(self, g: GenRow) -> CacheBudgetError:
         store = self.cache.store
         return CacheBudgetError(
-            f"cache_budget={store.budget} bytes cannot run this call: the pinned prompts hold "
+            f"cache_budget={store.budget} bytes cannot run this call: what running rows read holds "
             f"{store.pinned_bytes()} bytes and one row needs at least "
             f"{self.cache.need_bytes([g.row], g.sampling.max_new_tokens)} bytes with them; "
             "raise --cache-budget or run fewer searches at once"
         )
 
     def store_prompt(self, r: Row, kv: torch.Tensor, owner: Hashable) -> Handle:
-        """Cache a generate row's new prompt K/V (a pinned owner's must stay cached; the rest only
+        """Cache a generate row's new prompt K/V (a protected owner's must stay cached; the rest only
         where it displaces nothing owned); returns where the prompt ends."""
         try:
-            end = self.cache.store_kv(
-                r.ids, r.matched, kv, free_only=not must_store(self.cache, r, owner), charge=r.stats
-            )
+            end = self.cache.store_kv(r.ids, r.matched, kv, free_only=not r.must_store, charge=r.stats)
         except CacheBudgetError:  # no room beside the running rows: kept as tokens, recomputed if needed
             end = self.cache.store_kv(r.ids, r.matched, kv, free_only=True, charge=r.stats)
         self.cache.count_prompt(end, r.search)
-        self.cache.pin_prompts([end], [owner])
+        self.cache.hold_prompt(end, owner)
         return end

@@ -48,7 +48,6 @@ from treesearch.engine.decoder import decoder_for
 from treesearch.engine.door import Door
 from treesearch.engine.forward import sample
 from treesearch.engine.memory import RowMemory
-from treesearch.engine.pins import loosen_pins, must_store
 from treesearch.engine.runner import Runner
 from treesearch.engine.running import Call, Cohort, GenRow, ScoreRow
 from treesearch.engine.scoring import run_scores
@@ -226,7 +225,7 @@ class Scheduler:
         plans = []
         for g in picked:
             ids = g.row.ids + g.gens[:-1]  # a resumed row computes its fed tokens again
-            keep = must_store(self.cache, g.row, g.owner) and not g.gens
+            keep = g.row.must_store and not g.gens
             plans.append(Row(ids=ids, stats=g.stats, search=g.row.search, must_store=keep))
             plans[-1].bare = g.row.bare
         no_room: CacheBudgetError | None = None
@@ -260,13 +259,10 @@ class Scheduler:
     def _hold_alone(self, g: GenRow, p: Row) -> bool:
         """The first row to admit did not fit, and no admitted row holds K/V: before its call fails,
         let go of what planning pinned for this step (the shared runs it stored, which no row holds
-        yet: they may be evicted and recomputed) and, on an engine that searches share, the root
-        prompts' pins (`treesearch.engine.pins`), then, with sharing on, try the row without its
+        yet: they may be evicted and recomputed), then, with sharing on, try the row without its
         cached prefix (bare: too little room for that context and its buffer)."""
         self.cache.end_call(g.stats)
         if self.memory.hold(g, p):
-            return True
-        if loosen_pins(self.runner) and self.memory.hold(g, p):
             return True
         if not self.runner.config.shares or p.bare:
             return False

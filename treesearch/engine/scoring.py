@@ -13,7 +13,6 @@ from treesearch.cache.manager import CacheManager, Row, bare_copy
 from treesearch.common.errors import CacheBudgetError
 from treesearch.common.stats import Stats
 from treesearch.engine.labels import label_tails
-from treesearch.engine.pins import loosen_pins, must_store
 from treesearch.engine.runner import Runner
 from treesearch.engine.running import Call, ScoreRow
 from treesearch.policies.cgee import RowExits
@@ -160,8 +159,6 @@ def _score_group(sched: ScoreQueue, items: list[ScoreRow]) -> bool:
     if rule is not None and len({id(it.call) for it in items}) > 1:
         rule = rule.fresh()  # an equivalent rule with no memory of any row (see `Engine.score`)
     rows = [it.row for it in items]
-    for it in items:  # its owner's prompt may have been unpinned since (`treesearch.engine.pins`)
-        it.row.must_store = must_store(run.cache, it.row, it.owner)
     if run.config.shares:
         run.cache.lookup(rows)
     for idx in plan_batches(run.cache, rows, 0, sched.max_rows):
@@ -182,8 +179,6 @@ def _score_group(sched: ScoreQueue, items: list[ScoreRow]) -> bool:
                 return _score_group(sched, part)
             if sched.rows_held():
                 return False  # waits for running rows to finish
-            if loosen_pins(run):  # the root prompts' pins held the room: evictable now
-                return _score_group(sched, part)
             sched.fail_call(part[0].call, exc)
             return False
         run.cache.end_call(part[0].stats)

@@ -149,7 +149,7 @@ class SearchSession:
 
 def session_priority(sessions: dict[int, SearchSession]) -> Callable[[Hashable], float | None]:
     """The engine's RSBCM priority over namespaced owners: (session id, node) -> that session's
-    omega of the node; anything else (a pinned prompt's key) is unscored."""
+    omega of the node; anything else (a protected root prompt's key) is unscored."""
 
     def priority(owner: Hashable) -> float | None:
         if isinstance(owner, tuple) and len(owner) == 2 and owner[0] in sessions:
