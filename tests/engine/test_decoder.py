@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.engine import attend_kernel, decoder, runs_kernel
+from treesearch.engine import attend_kernel, decoder, linear, runs_kernel
 from treesearch.engine.local import Engine
 from treesearch.models.load import tiny_model
 
@@ -364,17 +364,17 @@ def test_float_projections_read_the_models_own_weights_and_the_head_keeps_no_cop
     ]
     assert dec.head.packed is None and dec.head.ws[0].data_ptr() == model.lm_head.weight.data_ptr()
     # up to KERNEL_ROWS rows, a row's projections are the same bits alone as beside the others
-    x = torch.randn(decoder.KERNEL_ROWS, model.config.hidden_size)
+    x = torch.randn(linear.KERNEL_ROWS, model.config.hidden_size)
     for lin in (qkv, dec.layers[0].gate_up, dec.head):
         together = lin(x)
-        assert all(torch.equal(lin(x[r : r + 1])[0], together[r]) for r in (0, 5, decoder.KERNEL_ROWS - 1))
+        assert all(torch.equal(lin(x[r : r + 1])[0], together[r]) for r in (0, 5, linear.KERNEL_ROWS - 1))
 
 
 def test_steps_wider_than_kernel_rows_take_the_packed_products_and_decode_the_same(tiny_lm, monkeypatch):
     prompts = ["short", "a somewhat longer prompt with more words in it", "x " * 30]
     sampling = Sampling(max_new_tokens=8)
     layers = Engine(tiny_lm, RKSCConfig(kv_sharing="off", fast_decode=False)).generate(prompts, sampling)
-    monkeypatch.setattr(decoder, "KERNEL_ROWS", 0)
+    monkeypatch.setattr(linear, "KERNEL_ROWS", 0)
     packed = Engine(tiny_lm, RKSCConfig(kv_sharing="off")).generate(prompts, sampling)
     assert [g.token_ids for g in packed] == [g.token_ids for g in layers]
     for a, b in zip(layers, packed):

@@ -1,5 +1,5 @@
 """The float32 product of `treesearch.models.int8_kernel` (`float_linear`, the fast step's products of
-up to `decoder.KERNEL_ROWS` rows): equal to the float64 product within float32 rounding, the same bits
+up to `linear.KERNEL_ROWS` rows): equal to the float64 product within float32 rounding, the same bits
 for a row alone or beside others at any thread count, written into a column slice of a wider result."""
 
 from __future__ import annotations
