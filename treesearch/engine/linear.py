@@ -56,8 +56,9 @@ class FloatLinear:
     (+ other), xs = x * in_scale (an RMSNorm's weight), s_i a scalar (q's attention scale) or 1.
     Up to KERNEL_ROWS rows (decode steps): the streaming kernel (`int8_kernel.float_linear`) over the
     model's own weights, no copy, batch invariant. More rows (prefill chunks, wide steps): oneDNN's
-    packed copy of the folded matrix cat(W_i s_i) diag(in_scale) where torch has oneDNN (pack=False:
-    no copy, `F.linear` on the model's weights; the LM head, which is mostly read a row at a time)."""
+    packed copy of the folded matrix cat(W_i s_i) diag(in_scale) where torch has oneDNN. pack=False
+    (the LM head, mostly read a row at a time): no copy, the kernel at every row count; a copy is made
+    only where the kernel does not build."""
 
     def __init__(
         self,
