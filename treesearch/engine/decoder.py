@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from treesearch.cache.attention import BatchKV
 from treesearch.engine import attend_kernel, runs_kernel
 from treesearch.engine.attend_kernel import StepRuns
+from treesearch.engine.fused_step import FusedLayers
 from treesearch.engine.linear import FloatLinear, Linear
 from treesearch.engine.step_plan import Plan
 from treesearch.models.quantize import Int8Linear, is_quantized
@@ -74,6 +75,9 @@ SERIAL_ATTENTION = True
 # compiled kernel of `treesearch.engine.runs_kernel` where it builds: one call per layer instead of
 # two products per row and run (False: always the torch ops below).
 RUNS_KERNEL = True
+# Steps the compiled layer calls take (`treesearch.engine.fused_step`: two per layer around the
+# attention kernel, instead of ~30 torch ops) run there; False: always the torch ops below.
+FUSED = True
 
 MODEL_TYPES = ("llama", "qwen2")  # the same decoder layer; Qwen2 adds q/k/v biases and its RoPE base
 _DECODERS: weakref.WeakKeyDictionary[Any, Decoder] = weakref.WeakKeyDictionary()
@@ -200,6 +204,7 @@ class Decoder:
             # time, and its weight is as large as the embedding table it is often tied to)
             self.head = FloatLinear([(model.lm_head.weight, 1.0, None)], in_scale=norm, pack=False)
         self.layers = [Layer(layer) for layer in base.layers]
+        self.fused = FusedLayers.make(self.layers, self.eps, self.heads, self.kv_heads, self.head_dim)
         self.version = _weights_version(model)
 
     def stale(self, model: Any) -> bool:
@@ -264,6 +269,10 @@ class Decoder:
         buffer, then one kernel call for the whole attention on all threads; -> logits [B, V]."""
         bsz, d, heads, hkv = x.shape[0], self.head_dim, self.heads, self.kv_heads
         threads = torch.get_num_threads()
+        if FUSED and self.fused is not None and self.fused.takes(bsz):
+            k_at, v_at = batch.k[:, :, :, write_pos], batch.v[:, :, :, write_pos]  # [L, B, Hkv, d]
+            x = self.fused.run(x, cos, sin, k_at, v_at, runs, fn, threads)
+            return self.head(self._norm(x))
         k_new = batch.k[:, :, :, write_pos].unbind(0)  # L x [B, Hkv, d]
         v_new = batch.v[:, :, :, write_pos].unbind(0)
         out = x.new_empty(bsz, hkv, heads // hkv, d)  # each layer's attention, read before the next's

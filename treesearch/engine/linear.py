@@ -50,6 +50,11 @@ class Linear:
     def _scaled(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.in_scale is None else x * self.in_scale
 
+    def proj(self) -> int8_kernel.Proj:
+        """This product for the compiled layer calls (`treesearch.engine.fused_step`); in_scale
+        goes to them apart, as the RMSNorm weight."""
+        return int8_kernel.proj([(self.w, self.scale, self.bias)])
+
 
 class FloatLinear:
     """float32 projections side by side (q/k/v, gate/up, or one): y = [xs W_i^T s_i + b_i s_i]_i
@@ -88,6 +93,11 @@ class FloatLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.add(x, None)
+
+    def proj(self) -> int8_kernel.Proj:
+        """The model's own weights, side by side, for the compiled layer calls
+        (`treesearch.engine.fused_step`); in_scale goes to them apart, as the RMSNorm weight."""
+        return int8_kernel.proj(list(zip(self.ws, self.scales, self.biases)))
 
     def add(self, x: torch.Tensor, other: torch.Tensor | None) -> torch.Tensor:
         """(other +) x W^T (+ b): with other, the residual connection in the same kernel."""

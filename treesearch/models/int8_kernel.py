@@ -39,6 +39,7 @@ from treesearch.models.paths import cache_dir
 
 _HEAD = r"""
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -80,6 +81,25 @@ static inline float hsum(vf v) {
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
 #define NB 16 /* channels per tile: its weights (NB K values) stay in cache while every row reads them */
+
+/* A projection: up to TS_PARTS weights side by side (q, k, v; gate, up), each with its channel
+   scale (or NULL: 1) and bias (or NULL), all over the same K inputs. */
+#define TS_PARTS 3
+typedef struct {
+    int64_t nparts, K;
+    const void *w[TS_PARTS];
+    const float *scale[TS_PARTS];
+    const float *bias[TS_PARTS];
+    int64_t n[TS_PARTS];
+} ts_proj;
+
+/* out = x / sqrt(mean(x^2) + eps) * w: an RMSNorm (the sum of squares in double). */
+static void rms_norm(const float *x, int64_t K, const float *w, float eps, float *out) {
+    double ss = 0;
+    for (int64_t k = 0; k < K; k++) ss += (double)x[k] * x[k];
+    float r = 1.0f / sqrtf((float)(ss / (double)K) + eps);
+    for (int64_t k = 0; k < K; k++) out[k] = x[k] * r * w[k];
+}
 """
 
 # The product, instantiated once per weight type: T names it, WT is the C type, PF masks k so that the
@@ -133,13 +153,43 @@ TILE_$T(tile_4x1_$T, 4, 1)
 TILE_$T(tile_1x1_$T, 1, 1)
 
 
-/* x [rows, K] (row stride ldx), w [N, K] row-major, scale [N] or NULL (1), bias [N] or NULL, other
-   [rows, N] (row stride ldo) or NULL, y [rows, N] (row stride ldy). Tiles of NB channels are
-   shared out over up to `threads` OpenMP threads. */
-void ts_${T}_linear(const float *x, int64_t ldx, int64_t rows, int64_t K, const $WT *w,
-                    const float *scale, const float *bias, const float *other, int64_t ldo, float *y,
-                    int64_t ldy, int64_t N, int64_t threads) {
-    int64_t tiles = (N + NB - 1) / NB;
+/* Rows [0, rows) of channels [n0, n1) of one product: the widest tiles first (6 rows x 2 channels,
+   4 x 2, then one row x 4), the same tiles for a channel whatever the other tiles of the call. */
+static void tiles_$T(const float *x, int64_t ldx, int64_t rows, int64_t K, const $WT *w,
+                     const float *scale, const float *bias, const float *other, int64_t ldo, float *y,
+                     int64_t ldy, int64_t n0, int64_t n1) {
+    int64_t r = 0;
+    for (; r + 6 <= rows; r += 6) {
+        int64_t n = n0;
+        for (; n + 2 <= n1; n += 2) tile_6x2_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+        for (; n < n1; n++) tile_4x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n),
+                            tile_1x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r + 4, n),
+                            tile_1x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r + 5, n);
+    }
+    for (; r + 4 <= rows; r += 4) {
+        int64_t n = n0;
+        for (; n + 2 <= n1; n += 2) tile_4x2_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+        for (; n < n1; n++) tile_4x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+    }
+    for (; r < rows; r++) {
+        int64_t n = n0;
+        for (; n + 4 <= n1; n += 4) tile_1x4_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+        for (; n < n1; n++) tile_1x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
+    }
+}
+
+
+/* A projection's parts side by side: y[:, part i's columns] = x W_i^T s_i + b_i (+ other), every
+   part's tiles of NB channels shared out over the threads in one parallel loop. */
+static void proj_$T(const ts_proj *p, const float *x, int64_t ldx, int64_t rows, const float *other,
+                    int64_t ldo, float *y, int64_t ldy, int64_t threads) {
+    int64_t first[TS_PARTS + 1], col[TS_PARTS + 1];
+    first[0] = col[0] = 0;
+    for (int64_t i = 0; i < p->nparts; i++) {
+        first[i + 1] = first[i] + (p->n[i] + NB - 1) / NB;
+        col[i + 1] = col[i] + p->n[i];
+    }
+    int64_t tiles = first[p->nparts];
 #ifndef _OPENMP
     threads = 1;
 #endif
@@ -147,26 +197,62 @@ void ts_${T}_linear(const float *x, int64_t ldx, int64_t rows, int64_t K, const 
     if (threads < 1) threads = 1;
 #pragma omp parallel for num_threads((int)threads) schedule(static) if (threads > 1)
     for (int64_t t = 0; t < tiles; t++) {
-        int64_t n0 = t * NB, n1 = n0 + NB < N ? n0 + NB : N;
-        int64_t r = 0;
-        for (; r + 6 <= rows; r += 6) {
-            int64_t n = n0;
-            for (; n + 2 <= n1; n += 2) tile_6x2_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
-            for (; n < n1; n++) tile_4x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n),
-                                tile_1x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r + 4, n),
-                                tile_1x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r + 5, n);
-        }
-        for (; r + 4 <= rows; r += 4) {
-            int64_t n = n0;
-            for (; n + 2 <= n1; n += 2) tile_4x2_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
-            for (; n < n1; n++) tile_4x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
-        }
-        for (; r < rows; r++) {
-            int64_t n = n0;
-            for (; n + 4 <= n1; n += 4) tile_1x4_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
-            for (; n < n1; n++) tile_1x1_$T(x, ldx, w, K, scale, bias, other, ldo, y, ldy, r, n);
-        }
+        int64_t i = 0;
+        while (t >= first[i + 1]) i++;
+        int64_t n0 = (t - first[i]) * NB, n1 = n0 + NB < p->n[i] ? n0 + NB : p->n[i];
+        tiles_$T(x, ldx, rows, p->K, (const $WT *)p->w[i], p->scale[i], p->bias[i],
+                 other ? other + col[i] : 0, ldo, y + col[i], ldy, n0, n1);
     }
+}
+
+/* x [rows, K] (row stride ldx), w [N, K] row-major, scale [N] or NULL (1), bias [N] or NULL, other
+   [rows, N] (row stride ldo) or NULL, y [rows, N] (row stride ldy). Tiles of NB channels are
+   shared out over up to `threads` OpenMP threads. */
+void ts_${T}_linear(const float *x, int64_t ldx, int64_t rows, int64_t K, const $WT *w,
+                    const float *scale, const float *bias, const float *other, int64_t ldo, float *y,
+                    int64_t ldy, int64_t N, int64_t threads) {
+    ts_proj p = {1, K, {w, 0, 0}, {scale, 0, 0}, {bias, 0, 0}, {N, 0, 0}};
+    proj_$T(&p, x, ldx, rows, other, ldo, y, ldy, threads);
+}
+
+/* A decoder layer up to its attention, for rows at once: RMSNorm of x (times ln, its weight),
+   the q/k/v projection, RoPE on q and k (cos, sin' [rows, d]: sin with its first half negated),
+   the new k and v written at (row b, kv head h) k + b kb + h kh (v likewise), q [rows, heads d].
+   xs [rows, K] and qkv [rows, (heads + 2 hkv) d] are scratch. */
+void ts_${T}_attn_in(const float *x, int64_t rows, const float *ln, float eps, const ts_proj *p,
+                     const float *cos, const float *sin, int64_t heads, int64_t hkv, int64_t d,
+                     float *k, int64_t kb, int64_t kh, float *v, int64_t vb, int64_t vh, float *q,
+                     float *xs, float *qkv, int64_t threads) {
+    int64_t K = p->K, n = (heads + 2 * hkv) * d, half = d / 2;
+    for (int64_t r = 0; r < rows; r++) rms_norm(x + r * K, K, ln, eps, xs + r * K);
+    proj_$T(p, xs, K, rows, 0, 0, qkv, n, threads);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *c = cos + r * d, *s = sin + r * d, *src = qkv + r * n;
+        for (int64_t h = 0; h < heads + hkv; h++) {
+            const float *a = src + h * d;
+            float *dst = h < heads ? q + (r * heads + h) * d : k + r * kb + (h - heads) * kh;
+            for (int64_t i = 0; i < d; i++) dst[i] = a[i] * c[i] + a[i < half ? i + half : i - half] * s[i];
+        }
+        for (int64_t h = 0; h < hkv; h++) memcpy(v + r * vb + h * vh, src + (heads + hkv + h) * d, d * 4);
+    }
+}
+
+/* A decoder layer after its attention, x [rows, K] updated in place: x += attn o^T; then
+   x += silu(g) u down^T, [g u] = RMSNorm(x) ln gate_up^T. xs [rows, K], gu [rows, 2 inter] and
+   h [rows, inter] are scratch. */
+void ts_${T}_mlp(float *x, const float *attn, int64_t rows, const ts_proj *o, const float *ln,
+                 float eps, const ts_proj *gate_up, const ts_proj *down, float *xs, float *gu, float *h,
+                 int64_t threads) {
+    int64_t K = down->n[0], inter = down->K;
+    proj_$T(o, attn, o->K, rows, x, K, x, K, threads);
+    for (int64_t r = 0; r < rows; r++) rms_norm(x + r * K, K, ln, eps, xs + r * K);
+    proj_$T(gate_up, xs, K, rows, 0, 0, gu, 2 * inter, threads);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < inter; i++) {
+            float g = gu[r * 2 * inter + i];
+            h[r * inter + i] = g / (1.0f + expf(-g)) * gu[r * 2 * inter + inter + i];
+        }
+    proj_$T(down, h, inter, rows, x, K, x, K, threads);
 }
 """)
 
@@ -191,6 +277,7 @@ SOURCE = (
 
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
+_F32 = ctypes.c_float
 _state: dict[str, Any] = {}
 FALLBACK_BLOCK = 1024  # output channels dequantized at a time by the torch path (4 MB at K = 1024)
 
@@ -235,7 +322,7 @@ def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
             src, out = Path(tmp) / "int8.c", Path(tmp) / "int8.so"
             src.write_text(SOURCE)
             done = subprocess.run(
-                [cc, *flags, "-o", str(out), str(src)], capture_output=True, text=True, timeout=120
+                [cc, *flags, "-o", str(out), str(src), "-lm"], capture_output=True, text=True, timeout=120
             )
             if done.returncode != 0:
                 raise OSError(f"{cc} failed: {done.stderr.strip()[-300:]}")
@@ -247,6 +334,14 @@ def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
         fn.restype = None
     dll.ts_int8_rows.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _PTR]
     dll.ts_int8_rows.restype = None
+    for t in ("int8", "f32"):
+        fn = getattr(dll, f"ts_{t}_attn_in")
+        fn.argtypes = [_PTR, _I64, _PTR, _F32, _PTR, _PTR, _PTR, _I64, _I64, _I64]
+        fn.argtypes += [_PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64]
+        fn.restype = None
+        fn = getattr(dll, f"ts_{t}_mlp")
+        fn.argtypes = [_PTR, _PTR, _I64, _PTR, _PTR, _F32, _PTR, _PTR, _PTR, _PTR, _PTR, _I64]
+        fn.restype = None
     return dll
 
 
@@ -283,6 +378,38 @@ def load() -> Any:
                 stacklevel=2,
             )
     return _state["dll"]
+
+
+class Proj(ctypes.Structure):
+    """C's `ts_proj`: a projection's parts side by side (q, k, v; gate, up; or one), each a weight
+    [n_i, K] with its channel scale and bias (0: none), for the layer calls (`ts_*_attn_in`,
+    `ts_*_mlp`). It holds addresses only: whoever makes it keeps the tensors alive."""
+
+    _fields_ = [
+        ("nparts", _I64),
+        ("K", _I64),
+        ("w", _PTR * 3),
+        ("scale", _PTR * 3),
+        ("bias", _PTR * 3),
+        ("n", _I64 * 3),
+    ]
+
+
+def proj(parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]) -> Proj:
+    """The `Proj` of up to three (weight, scale or None, bias or None) parts over the same inputs
+    (contiguous int8 or float32 weights, float32 scales and biases)."""
+    if not 1 <= len(parts) <= 3 or len({w.shape[1] for w, _, _ in parts}) != 1:
+        raise ValueError("a projection is 1 to 3 weights over the same number of inputs")
+    p = Proj(len(parts), parts[0][0].shape[1])
+    for i, (w, scale, bias) in enumerate(parts):
+        for t in (w, scale, bias):
+            if t is not None and not t.is_contiguous():
+                raise ValueError("a projection's weights, scales and biases must be contiguous")
+        p.w[i] = w.data_ptr()
+        p.scale[i] = None if scale is None else scale.data_ptr()
+        p.bias[i] = None if bias is None else bias.data_ptr()
+        p.n[i] = w.shape[0]
+    return p
 
 
 def reason() -> str:
