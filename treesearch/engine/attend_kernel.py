@@ -26,10 +26,12 @@ from typing import Any
 import torch
 
 from treesearch.engine import runs_kernel
+from treesearch.models.simd import VEC8
 
 CHUNK = 128  # tokens per work unit: 1,000 cached tokens over 3 kv heads make 24 units
 
-SOURCE = r"""
+SOURCE = (
+    r"""
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,40 +40,11 @@ SOURCE = r"""
 #include <omp.h>
 #endif
 
-typedef float v8 __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-typedef float v8u __attribute__((vector_size(32), aligned(4)));
-
-static inline v8 ld(const float *p) { return *(const v8u *)p; }
-static inline void st(float *p, v8 x) { *(v8u *)p = x; }
-static inline v8 splat(float a) { v8 r = {a, a, a, a, a, a, a, a}; return r; }
-static inline v8 sel(v8i m, v8 a, v8 b) { return (v8)(((v8i)a & m) | ((v8i)b & ~m)); }
+"""
+    + VEC8
+    + r"""
 static inline float hsum(v8 a) {
     return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-}
-
-/* e^x for 8 floats: x = n ln2 + r (n rounded, |r| <= ln2/2), e^r by its degree-6 Taylor
-   polynomial (relative error below 2e-7), times 2^n through the exponent bits; below -87 gives 0. */
-static inline v8 exp8(v8 x) {
-    const v8 magic = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    v8 lo = splat(-87.0f), hi = splat(88.0f);
-    v8i under = x < lo;
-    x = sel(under, lo, x);
-    x = sel(x > hi, hi, x);
-    v8 t = x * splat(1.44269504088896341f) + magic;
-    v8i n = (v8i)t - (v8i)magic;
-    v8 fn = t - magic;
-    v8 r = x - fn * splat(0.693359375f) - fn * splat(-2.12194440e-4f);
-    v8 p = splat(1.0f / 720);
-    p = p * r + splat(1.0f / 120);
-    p = p * r + splat(1.0f / 24);
-    p = p * r + splat(1.0f / 6);
-    p = p * r + splat(0.5f);
-    p = p * r + splat(1.0f);
-    p = p * r + splat(1.0f);
-    v8i bits = (n + 127) << 23;
-    v8 y = p * (v8)bits;
-    return sel(under, splat(0.0f), y);
 }
 
 static inline float dot(const float *a, const float *b, int64_t d) {
@@ -94,15 +67,78 @@ static inline void axpy(float *acc, float p, const float *v, int64_t d) {
     for (; x < d; x++) acc[x] += p * v[x];
 }
 
+/* Scores of M queries (qp[0..M)) against tokens [0, n) two at a time: 2 M independent FMA chains
+   where `dot` has one. Each score is summed in `dot`'s order (the same bits). d: a multiple of 8. */
+#define SCORES(M)                                                                                   \
+static void scores_##M(const float *const *qp, const float *k, int64_t tok, int64_t n, int64_t d,   \
+                       float *s, int64_t ldn) {                                                     \
+    int64_t i = 0;                                                                                  \
+    for (; i + 2 <= n; i += 2) {                                                                    \
+        const float *k0 = k + i * tok, *k1 = k0 + tok;                                              \
+        v8 a0[M], a1[M];                                                                            \
+        for (int j = 0; j < M; j++) a0[j] = a1[j] = splat(0.0f);                                    \
+        for (int64_t x = 0; x < d; x += 8) {                                                        \
+            v8 kv0 = ld(k0 + x), kv1 = ld(k1 + x);                                                  \
+            for (int j = 0; j < M; j++) {                                                           \
+                v8 qv = ld(qp[j] + x);                                                              \
+                a0[j] += qv * kv0;                                                                  \
+                a1[j] += qv * kv1;                                                                  \
+            }                                                                                       \
+        }                                                                                           \
+        for (int j = 0; j < M; j++) s[j * ldn + i] = hsum(a0[j]), s[j * ldn + i + 1] = hsum(a1[j]); \
+    }                                                                                               \
+    for (; i < n; i++)                                                                              \
+        for (int j = 0; j < M; j++) s[j * ldn + i] = dot(qp[j], k + i * tok, d);                    \
+}
+SCORES(1)
+SCORES(2)
+SCORES(3)
+SCORES(4)
+
+/* acc[j] = sum_i p[j][i] v_i over tokens i in order, for M queries, 32 of the d values at a time
+   held in registers (the order `axpy` adds in: the same bits). d: a multiple of 32. */
+#define VSUM(M)                                                                                     \
+static void vsum_##M(const float *p, int64_t ldn, const float *v, int64_t tok, int64_t n, int64_t d, \
+                     float *acc) {                                                                  \
+    for (int64_t x = 0; x < d; x += 32) {                                                           \
+        v8 a[M][4];                                                                                 \
+        for (int j = 0; j < M; j++)                                                                 \
+            for (int c = 0; c < 4; c++) a[j][c] = splat(0.0f);                                      \
+        for (int64_t i = 0; i < n; i++) {                                                           \
+            const float *vi = v + i * tok + x;                                                      \
+            v8 w0 = ld(vi), w1 = ld(vi + 8), w2 = ld(vi + 16), w3 = ld(vi + 24);                    \
+            for (int j = 0; j < M; j++) {                                                           \
+                v8 pj = splat(p[j * ldn + i]);                                                      \
+                a[j][0] += pj * w0, a[j][1] += pj * w1, a[j][2] += pj * w2, a[j][3] += pj * w3;     \
+            }                                                                                       \
+        }                                                                                           \
+        for (int j = 0; j < M; j++)                                                                 \
+            for (int c = 0; c < 4; c++) st(acc + j * d + x + 8 * c, a[j][c]);                       \
+    }                                                                                               \
+}
+VSUM(1)
+VSUM(2)
+VSUM(3)
+
 /* One work unit: run e's kv head h over tokens [t0, t0 + n), for the nq queries at qp[]:
    scores into s (nq x n), then per query its m, l and acc (d floats) at part (nq (d + 2) floats:
    acc [nq][d], m [nq], l [nq]). */
 static void unit(const float *const *qp, int64_t nq, const float *k, const float *v, int64_t tok,
                  int64_t n, int64_t d, float *s, float *part) {
     float *acc = part, *mm = part + nq * d, *ll = mm + nq;
-    for (int64_t i = 0; i < n; i++) {
-        const float *ki = k + i * tok;
-        for (int64_t j = 0; j < nq; j++) s[j * n + i] = dot(qp[j], ki, d);
+    if (d % 8 == 0) {
+        for (int64_t j = 0; j < nq; j += 4) {
+            int64_t m = nq - j < 4 ? nq - j : 4;
+            if (m == 4) scores_4(qp + j, k, tok, n, d, s + j * n, n);
+            else if (m == 3) scores_3(qp + j, k, tok, n, d, s + j * n, n);
+            else if (m == 2) scores_2(qp + j, k, tok, n, d, s + j * n, n);
+            else scores_1(qp + j, k, tok, n, d, s + j * n, n);
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            const float *ki = k + i * tok;
+            for (int64_t j = 0; j < nq; j++) s[j * n + i] = dot(qp[j], ki, d);
+        }
     }
     for (int64_t j = 0; j < nq; j++) {
         float *sj = s + j * n, m = sj[0];
@@ -124,6 +160,15 @@ static void unit(const float *const *qp, int64_t nq, const float *k, const float
         }
         mm[j] = m;
         ll[j] = sum;
+    }
+    if (d % 32 == 0) {
+        for (int64_t j = 0; j < nq; j += 3) {
+            int64_t m = nq - j < 3 ? nq - j : 3;
+            if (m == 3) vsum_3(s + j * n, n, v, tok, n, d, acc + j * d);
+            else if (m == 2) vsum_2(s + j * n, n, v, tok, n, d, acc + j * d);
+            else vsum_1(s + j * n, n, v, tok, n, d, acc + j * d);
+        }
+        return;
     }
     memset(acc, 0, sizeof(float) * (size_t)(nq * d));
     for (int64_t i = 0; i < n; i++) {
@@ -239,6 +284,7 @@ int ts_attend(const float *q, int64_t q_row, float *out, int64_t rows, int64_t h
     return 0;
 }
 """
+)
 
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
