@@ -16,6 +16,7 @@ from test_lossless import _run_both as run_both_modes
 from strategies import BFS
 from treesearch import RKSCConfig, Sampling, Searcher
 from treesearch.engine import decoder
+from treesearch.engine.fused_step import FusedLayers
 from treesearch.engine.local import Engine
 from treesearch.models.load import TINY_QWEN2, load_model, tiny_model
 
@@ -56,6 +57,9 @@ def test_the_fast_step_without_the_biases_is_not_the_layer_path(qwen_lm):
     for layer in unbiased.layers:  # both the packed products' folded bias and the kernel's per part
         layer.qkv.bias = None
         layer.qkv.biases = [None] * len(layer.qkv.biases)
+    unbiased.fused = FusedLayers.make(  # the compiled layer calls read the parts as they are now
+        unbiased.layers, unbiased.eps, unbiased.heads, unbiased.kv_heads, unbiased.head_dim
+    )
     eng.forward.decoder = unbiased
     sampling = Sampling(max_new_tokens=6, ignore_eos=True)
     a, b = eng.generate(prompts, sampling)[0], layers.generate(prompts, sampling)[0]

@@ -398,7 +398,8 @@ def load() -> Any:
 class Proj(ctypes.Structure):
     """C's `ts_proj`: a projection's parts side by side (q, k, v; gate, up; or one), each a weight
     [n_i, K] with its channel scale and bias (0: none), for the layer calls (`ts_*_attn_in`,
-    `ts_*_mlp`). It holds addresses only: whoever makes it keeps the tensors alive."""
+    `ts_*_mlp`). `proj()` keeps the tensors it points at (`keep`), so a weight or bias replaced on
+    its owner later cannot leave it pointing at freed memory."""
 
     _fields_ = [
         ("nparts", _I64),
@@ -424,6 +425,7 @@ def proj(parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | Non
         p.scale[i] = None if scale is None else scale.data_ptr()
         p.bias[i] = None if bias is None else bias.data_ptr()
         p.n[i] = w.shape[0]
+    p.keep = parts  # the addresses above stay valid as long as this Proj lives
     return p
 
 
