@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from treesearch.bench.pages import accuracy, comparisons, page
+from treesearch.bench.pages import _run_label, accuracy, comparisons, page
 
 RUN = {
     "task": "gsm8k",
@@ -65,3 +65,14 @@ def test_accuracy_page_shows_paired_comparisons_when_there_are_some(tmp_path):
     at = lines.index("### Paired")
     assert lines[at + 4].startswith("| gsm8k-bfs | gsm8k-cot | 10 |")
     assert lines[-1] == f"- `{PAIR['command']}` (`data/compare-a.json`)"
+
+
+def test_a_runs_plot_label_names_its_rows_and_precision():
+    """Two runs of one task and strategy (other rows, another precision) get different labels;
+    an older report without the quantization field has it read from its command."""
+    run = {**RUN, "command": "treesearch run gsm8k --range 0:200 --model m"}
+    assert _run_label(run) == "gsm8k bfs 0:200 (qwen2.5-coder-0.5b, int8)"
+    old = {k: v for k, v in RUN.items() if k != "quantization"}
+    old["command"] = "treesearch run gsm8k --range 0:100 --quantization float32"
+    assert _run_label(old) == "gsm8k bfs 0:100 (qwen2.5-coder-0.5b, float32)"
+    assert _run_label({"task": "t", "strategy": "cot", "model": "m"}) == "t cot (m)"

@@ -256,11 +256,23 @@ def comparisons(docs: list[tuple[str, dict]]) -> list[str]:
     return lines
 
 
+def _run_label(d: dict) -> str:
+    """A run as its plot label: task, strategy, rows and model with its precision (two runs of one
+    task and strategy differ in one of those)."""
+    command = str(d.get("command", ""))
+    rows = re.search(r"--range (\S+)", command)
+    where = f" {rows.group(1)}" if rows else ""
+    flag = re.search(r"--quantization (\S+)", command)  # reports older than the field say it here
+    quantization = d.get("quantization") or (flag.group(1) if flag else "")
+    precision = f", {quantization}" if quantization else ""
+    return f"{d.get('task')} {d.get('strategy')}{where} ({d.get('model')}{precision})"
+
+
 def plot_accuracy(docs: list[tuple[str, dict]], path: Path) -> None:
     """Accuracy with its 95% interval, one point per run."""
     fig, plt = _figure(1, 1, (6, 0.6 * len(docs) + 1.5))
     ax = fig.axes[0]
-    labels = [f"{d.get('task')} {d.get('strategy')} ({d.get('model')})" for _, d in docs]
+    labels = [_run_label(d) for _, d in docs]
     ys = list(range(len(docs)))
     acc = [d["accuracy"] for _, d in docs]
     err = [
