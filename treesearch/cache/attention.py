@@ -51,6 +51,7 @@ class BatchKV:
         self._write = 0
         self._n = 0
         self._mask: torch.Tensor | None = None
+        self._flash: torch.Tensor | bool | None = None
 
     @property
     def batch(self) -> int:
@@ -89,6 +90,7 @@ class BatchKV:
         else:
             mask = keys[:, None, :]
         self._mask = mask
+        self._flash = None  # made at the forward's first layer
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float
@@ -102,11 +104,18 @@ class BatchKV:
         self.v[layer, :, :, w:t] = v
         qg = q.reshape(bsz, hkv, g * n, d)  # head h uses kv head h // g
         assert self._mask is not None, "begin() sets the mask before a forward"
-        mask = self._mask[:, None, None].expand(bsz, 1, g, n, t).reshape(bsz, 1, g * n, t)
-        scores = torch.matmul(qg, self.k[layer, :, :, :t].transpose(-1, -2)) * scaling  # [B, Hkv, gn, T]
-        scores = scores.masked_fill(~mask, float("-inf"))
-        lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [B, Hkv, gn, 1]
-        out = torch.matmul(torch.exp(scores - lse), self.v[layer, :, :, :t])  # [B, Hkv, gn, d]
+        if self._flash is None:
+            self._flash = _flash_mask(self._mask, w, q.dtype)
+        if self._flash is not False:
+            out, lse = _flash_buffer(
+                q, self.k[layer, :, :, :t], self.v[layer, :, :, :t], self._flash, scaling
+            )
+        else:
+            mask = self._mask[:, None, None].expand(bsz, 1, g, n, t).reshape(bsz, 1, g * n, t)
+            scores = torch.matmul(qg, self.k[layer, :, :, :t].transpose(-1, -2)) * scaling  # [B, Hkv, gn, T]
+            scores = scores.masked_fill(~mask, float("-inf"))
+            lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [B, Hkv, gn, 1]
+            out = torch.matmul(torch.exp(scores - lse), self.v[layer, :, :, :t])  # [B, Hkv, gn, d]
         for kv, used, rows in self.groups:
             out, lse = _merge_prefix(
                 qg, out, lse, kv[layer, 0, :, :used], kv[layer, 1, :, :used], rows, scaling
@@ -122,6 +131,7 @@ class BatchKV:
         self.valid = self.valid.index_select(0, idx)
         if self._mask is not None:  # rows dropped inside a forward (CGEE per-row exit)
             self._mask = self._mask.index_select(0, idx)
+            self._flash = None  # the flash kernel's mask is remade for the rows kept
         remap = {old: new for new, old in enumerate(keep)}
         groups: list[tuple[Any, int, torch.Tensor | None]] = []
         for kv, used, rows in self.groups:
@@ -147,6 +157,47 @@ class BatchKV:
     def row_kv(self, row: int, start: int, end: int) -> torch.Tensor:
         """A row's buffer K/V at positions [start, end) as [L, 2, Hkv, end-start, d] (a copy)."""
         return torch.stack((self.k[:, row, :, start:end], self.v[:, row, :, start:end]), dim=1).clone()
+
+
+def _flash_mask(mask: torch.Tensor, write: int, dtype: torch.dtype) -> torch.Tensor | bool:
+    """How a chunk of n > 1 queries per row reads the buffer through SDPA's CPU flash kernel:
+    True for plain causal (every key valid and the chunk starts the buffer: the kernel skips the
+    blocks above the diagonal), else the additive mask [B, 1, n, T] (0 or -inf); False (the
+    matmul path) for a single query per row, where a row's query sees no valid key, and where the
+    kernel is not there."""
+    n = mask.shape[1]
+    if (
+        n == 1
+        or mask.device.type != "cpu"
+        or not hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    ):
+        return False
+    if not bool(mask.any(-1).all()):
+        return False
+    if write == 0 and bool(mask.all(0).equal(torch.ones(n, n, dtype=torch.bool).tril_())):
+        return True
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))[:, None]
+
+
+def _flash_buffer(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, how: torch.Tensor | bool, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q [B, H, n, d] over the buffer's k/v [B, Hkv, T, d] by the flash kernel (K/V
+    heads repeated for their query groups) -> (out [B, Hkv, g n, d], lse [B, Hkv, g n, 1]) in the
+    folded layout of the matmul path."""
+    bsz, heads, n, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    g = heads // hkv
+    if g > 1:
+        k = k[:, :, None].expand(bsz, hkv, g, t, d).reshape(bsz, heads, t, d)
+        v = v[:, :, None].expand(bsz, hkv, g, t, d).reshape(bsz, heads, t, d)
+    causal = how is True
+    mask = None if isinstance(how, bool) else how
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, attn_mask=mask, scale=scaling
+    )
+    # the kernel's lse is float32 whatever q's dtype: the merge below stays in q's dtype, as the matmul path
+    return out.reshape(bsz, hkv, g * n, d), lse.to(q.dtype).reshape(bsz, hkv, g * n, 1)
 
 
 def _merge_prefix(qg, out, lse, ks, vs, rows, scaling):
