@@ -267,9 +267,7 @@ class CacheManager:
         keep = None  # cache every new token
         if store.budget is not None:
             missing = [(s, u) for s, u in chain if u > s.resident_len]
-            room = store.room(free_only=free_only) - sum(
-                store.tokens_bytes(u) - store.resident_bytes(s) for s, u in missing
-            )
+            room = store.room(free_only=free_only) - store.missing_bytes([chain])
             keep = min(len(ids) - m, max(0, int(room)) // store.block_bytes * store.block_size)
             if (
                 room < 0
