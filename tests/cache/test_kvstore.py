@@ -8,11 +8,14 @@ segments never evicted, bytes held <= budget.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treesearch.cache.eviction import is_evictable
 from treesearch.cache.kvstore import KVStore
 from treesearch.common.errors import CacheBudgetError
 from treesearch.policies.rsbcm import RSBCMPolicy
@@ -85,6 +88,122 @@ def test_try_reserve_reserves_or_changes_nothing():
     store.check_invariants()
 
 
+def refill_then_reserve(store: KVStore, chains: list, nbytes: int) -> bool:
+    """What the allocator itself gets for a row that reads the chains (pinned, made resident) and
+    then reserves nbytes: the outcome `fits` must predict (it changes the store)."""
+    for chain in chains:
+        store.pin(chain)
+    try:
+        for chain in chains:
+            for s, used in chain:
+                if used > s.resident_len:
+                    store.refill(s, kv(used))
+    except CacheBudgetError:
+        return False
+    return store.try_reserve(nbytes)
+
+
+def test_missing_bytes_counts_each_segment_once_in_whole_blocks():
+    # root -- A[1..10] (3 blocks) resident for 5 tokens (2 blocks) -- B[11 12] evicted (1 block)
+    block = BS * BPT
+    store = KVStore(bytes_per_token=BPT, block_size=BS)
+    a, _ = store.insert([], list(range(1, 11)), kv(5))
+    b, _ = store.insert([(a, 10)], [11, 12], None)
+    assert store.missing_bytes([]) == 0
+    assert store.missing_bytes([[(a, 5)]]) == 0 and store.missing_bytes([[(a, 8)]]) == 0  # A's 2nd block
+    assert store.missing_bytes([[(a, 9)]]) == block  # the third block
+    assert store.missing_bytes([[(a, 9)], [(a, 10)], [(a, 6)]]) == block  # the furthest use, once
+    assert store.missing_bytes([[(a, 10), (b, 2)]]) == 2 * block
+    assert store.bytes_held == 2 * block and (a.pins, b.pins) == (0, 0)  # it changes nothing
+
+
+@pytest.mark.parametrize(("blocks", "fits"), [(0, True), (1, True), (2, False)])
+def test_fits_answers_what_refilling_the_chain_then_reserving_gets(blocks, fits):
+    # root -- A[1..4] (block 0) -- B[5..8] evicted (block 1) ; C[9..12] free ; D[13..16] pinned
+    # budget 4 blocks: A, C, D held; reading A+B pins them and B's refill takes one more block,
+    # so C (the only evictable one) leaves room for one block beside them, not two
+    block = BS * BPT
+    store = KVStore(bytes_per_token=BPT, block_size=BS, budget=4 * block)
+    a, _ = store.insert([], [1, 2, 3, 4], kv(4))
+    b, _ = store.insert([(a, 4)], [5, 6, 7, 8], kv(4))
+    c, _ = store.insert([], [9, 10, 11, 12], kv(4))
+    d, _ = store.insert([], [13, 14, 15, 16], kv(4))
+    store.evict(b)
+    store.pin([(d, 4)])
+    chain = [(a, 4), (b, 4)]
+    assert store.missing_bytes([chain, [(a, 2)]]) == block
+    assert store.fits(blocks * block, [chain]) is fits
+    assert store.fits(blocks * block, [chain, [(a, 4)]]) is fits  # a segment read twice counts once
+    both = [[(c, 4)], chain]  # C read too: B's refill takes the free block and nothing is left
+    assert store.fits(0, both) and not store.fits(1, both)
+    assert (a.pins, b.pins, c.pins, d.pins) == (0, 0, 0, 1)  # asked, not taken
+    assert (store.bytes_held, store.reserved, store.eviction_log) == (3 * block, 0, [1])
+    assert refill_then_reserve(store, [chain], blocks * block) is fits  # the allocator itself: C goes for B
+    store.check_invariants()
+
+
+def test_fits_counts_what_is_reserved_and_without_a_budget_always_fits():
+    # root -- A[1..4] evicted ; budget 3 blocks of which 2 reserved by running batches
+    block = BS * BPT
+    store = KVStore(bytes_per_token=BPT, block_size=BS, budget=3 * block)
+    a, _ = store.insert([], [1, 2, 3, 4], None)
+    store.reserve(2 * block)
+    assert store.fits(0, [[(a, 4)]]) and not store.fits(1, [[(a, 4)]])
+    assert store.fits(block, []) and not store.fits(block + 1, [])
+    unbounded = KVStore(bytes_per_token=BPT, block_size=BS)
+    c, _ = unbounded.insert([], [1, 2, 3, 4], None)
+    assert unbounded.fits(10**12, [[(c, 4)]]) and c.pins == 0
+
+
+def test_fits_counts_the_context_a_pin_keeps_resident_which_pinned_bytes_does_not():
+    # root -- A[1..4] -- B[5..8] pinned alone (not A): A cannot go while B is resident (note 5)
+    block = BS * BPT
+    store = KVStore(bytes_per_token=BPT, block_size=BS, budget=3 * block)
+    a, _ = store.insert([], [1, 2, 3, 4], kv(4))
+    b, _ = store.insert([(a, 4)], [5, 6, 7, 8], kv(4))
+    store.pin([(b, 4)])
+    assert store.pinned_bytes() + 2 * block <= store.budget  # the old sum: two blocks more "fit"
+    assert store.fits(block, []) and not store.fits(2 * block, [])
+    assert store.try_reserve(2 * block) is False  # the allocator: one
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    tree=st.lists(st.tuples(st.integers(0, 9), st.integers(1, 9), st.booleans()), min_size=1, max_size=8),
+    evict=st.lists(st.integers(0, 9), max_size=10),
+    free_blocks=st.integers(0, 4),
+    reserved_tokens=st.integers(0, 2 * BS),
+    pin=st.integers(0, 9),
+    read=st.lists(st.tuples(st.integers(0, 9), st.integers(1, 9)), min_size=1, max_size=3),
+    nbytes=st.integers(0, 2 * BS * BPT),
+)
+def test_fits_is_what_the_allocator_then_does(tree, evict, free_blocks, reserved_tokens, pin, read, nbytes):
+    # a random tree of segments (some resident for a prefix only), random leaves evicted, a few
+    # free blocks, some reserved, one reader's chain pinned; then rows read random chains
+    store = KVStore(bytes_per_token=BPT, block_size=BS)
+    segs: list = []
+    tokens = iter(range(1, 10**6))
+    for parent, n, half in tree:
+        chain = segs[parent].context_chain(segs[parent].resident_len) if parent < len(segs) else []
+        seg, _ = store.insert(chain, [next(tokens) for _ in range(n)], kv(max(1, n // 2) if half else n))
+        segs.append(seg)
+    for i in evict:
+        if is_evictable(segs[i % len(segs)]):
+            store.evict(segs[i % len(segs)])
+    store.budget = store.bytes_held + free_blocks * BS * BPT + reserved_tokens * BPT
+    store.reserve(reserved_tokens * BPT)
+    held = segs[pin % len(segs)]
+    if held.resident:
+        store.pin(held.context_chain(held.resident_len))
+    chains = [segs[i % len(segs)].context_chain(min(u, len(segs[i % len(segs)]))) for i, u in read]
+    before = {s.id: s.pins for s in store.segments.values()}
+    said = store.fits(nbytes, chains)
+    assert {s.id: s.pins for s in store.segments.values()} == before  # asked, not taken
+    twin, twin_chains = copy.deepcopy((store, chains))
+    assert said == refill_then_reserve(twin, twin_chains, nbytes)
+    twin.check_invariants()
+
+
 def test_refs_count_owners_once_and_free_exactly_at_last_release():
     # root -- A[1 2 3 4] -- B[5 6]      owners: 10 holds B (so A too), 11 holds A
     store = KVStore(bytes_per_token=BPT, block_size=BS)
@@ -155,6 +274,7 @@ op = st.one_of(
     st.tuples(st.just("pin"), st.integers(0, 30), st.integers(0, 0)),
     st.tuples(st.just("unpin"), st.integers(0, 30), st.integers(0, 0)),
     st.tuples(st.just("score"), st.integers(0, 4), st.integers(-3, 20)),
+    st.tuples(st.just("fits"), st.integers(0, 30), st.integers(0, 3 * BS)),
 )
 
 
@@ -216,6 +336,14 @@ def test_pool_invariants_hold_after_every_operation(budget_blocks, ops):
             store.unpin(pins.pop(x % len(pins)))
         elif name == "score":
             scores[x] = float(y)
+        elif name == "fits" and handles:  # the prediction is what the allocator then does, and takes nothing
+            seg, used = handles[x % len(handles)]
+            chain = seg.context_chain(used)
+            before = {s.id: s.pins for s in store.segments.values()}
+            said = store.fits(y * BPT, [chain])
+            assert {s.id: s.pins for s in store.segments.values()} == before
+            twin, twin_chain = copy.deepcopy((store, chain))
+            assert said == refill_then_reserve(twin, [twin_chain], y * BPT)
         store.check_invariants()
         assert all(s.refs >= 0 and s.pins >= 0 for s in store.segments.values())
         assert store.bytes_held <= store.budget

@@ -293,6 +293,26 @@ class KVStore:
         cache skips caching instead of failing."""
         return nbytes <= self.room(free_only=free_only)
 
+    def missing_bytes(self, chains: list[Chain]) -> int:
+        """Bytes the chains' evicted parts take back when made resident (their refills)."""
+        upto: dict[Segment, int] = {}
+        for chain in chains:
+            for s, used in chain:
+                upto[s] = max(upto.get(s, 0), used)
+        missing = [(s, u) for s, u in upto.items() if u > s.resident_len]
+        return sum(self.tokens_bytes(u) - self.resident_bytes(s) for s, u in missing)
+
+    def fits(self, nbytes: int, chains: list[Chain]) -> bool:
+        """Whether `nbytes` more fit once the chains are read (pinned) and made resident: the
+        allocator's answer before a row recomputes any of its context for room it would not get."""
+        for chain in chains:
+            self.pin(chain)
+        try:
+            return self.can_hold(nbytes + self.missing_bytes(chains))
+        finally:
+            for chain in chains:
+                self.unpin(chain)
+
     def owners(self) -> list[Hashable]:
         """Every owner holding something now."""
         return self.owner_table.owners()

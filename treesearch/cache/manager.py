@@ -201,18 +201,21 @@ class CacheManager:
 
     def need_bytes(self, rows: list[Row], extra: int, must: Sequence[Row] = ()) -> int:
         """All K/V a batch of these (looked-up) rows holds at once: what is pinned now, the
-        chains of the rows and of `must` (rows whose prompts stay cached) made resident, the new
-        blocks of every must-store row, and the batch buffer (rows x (longest new part + extra))."""
+        chains of the rows and of `must` (rows whose prompts stay cached) made resident, and what
+        the batch adds (`batch_bytes`)."""
+        chains, add = self.batch_bytes(rows, extra, must)
+        return self.store.pinned_bytes([p for c in chains for p in c]) + add
+
+    def batch_bytes(self, rows: list[Row], extra: int, must: Sequence[Row] = ()) -> tuple[list[Chain], int]:
+        """What a batch of these (looked-up) rows reads, the chains of the rows and of `must`, and
+        the bytes it adds: the new blocks of every must-store row and the batch buffer
+        (rows x (longest new part + extra))."""
         store = self.store
         keep = list({id(r): r for r in [*must, *(r for r in rows if r.must_store)]}.values())
-        chains: Chain = [p for r in [*rows, *keep] for p in r.chain]
         blocks = sum(_ceil(len(r.ids) - r.matched, store.block_size) for r in keep)
         longest = max((len(r.ids) - r.matched for r in rows), default=0)
-        return (
-            store.pinned_bytes(chains)
-            + blocks * store.block_bytes
-            + len(rows) * (longest + extra) * store.bytes_per_token
-        )
+        add = blocks * store.block_bytes + len(rows) * (longest + extra) * store.bytes_per_token
+        return [r.chain for r in [*rows, *keep]], add
 
     def check_budget(self, rows: list[Row], extra: int, *, fail: bool = True) -> None:
         """Fail before any work when the budget cannot run every row: what must stay cached (the
@@ -264,9 +267,7 @@ class CacheManager:
         keep = None  # cache every new token
         if store.budget is not None:
             missing = [(s, u) for s, u in chain if u > s.resident_len]
-            room = store.room(free_only=free_only) - sum(
-                store.tokens_bytes(u) - store.resident_bytes(s) for s, u in missing
-            )
+            room = store.room(free_only=free_only) - store.missing_bytes([chain])
             keep = min(len(ids) - m, max(0, int(room)) // store.block_bytes * store.block_size)
             if (
                 room < 0

@@ -28,22 +28,22 @@ class RowMemory:
         its context (prefilled now or in later steps), its first decode chunk and its token of a
         decode step's buffer (so an admitted row can always take its next step: a row admitted
         into the last free bytes and then unable to step would preempt itself, be readmitted the
-        same way, and never progress). False: no room."""
+        same way, and never progress). False: no room (the store says so before any of the
+        chain is recomputed)."""
         cache = self.cache
-        bpt = cache.store.bytes_per_token
-        cache.store.pin(p.chain)
+        store = cache.store
+        bpt = store.bytes_per_token
         new = len(p.ids) - p.matched
         first = self.chunk_tokens(g)
-        store = cache.store
         need = (new + first + 1) * bpt
-        if store.budget is not None and store.pinned_bytes(p.chain) + store.reserved + need > store.budget:
-            cache.store.unpin(p.chain)  # what is pinned and running leaves too little room: wait
+        if not store.fits(need, [p.chain]):  # what running rows read leaves too little room: wait
             return False
+        store.pin(p.chain)
         try:
             self.runner.make_resident(p.chain, g.stats)
             cache.reserve(need)
         except CacheBudgetError:
-            cache.store.unpin(p.chain)
+            store.unpin(p.chain)
             return False
         g.plan, g.pinned, g.filled, g.fill_bytes = p, p.chain, 0, new * bpt
         g.chunks = [[self.chunk(first), 0]] if first else []

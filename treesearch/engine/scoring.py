@@ -133,12 +133,10 @@ def fits_beside_running(cache: CacheManager, part: list[Row], rows: list[Row]) -
     """Whether a score batch's K/V fits now beside the running rows' reserved buffers: without
     this check a batch that cannot fit would first recompute its evicted context (a template
     shared by every score prompt) and only then fail on its own buffer, again every step while
-    the rows run. rows: the whole group (its must-store rows count as in `plan_batches`)."""
-    store = cache.store
-    if store.budget is None:
-        return True
-    must = [r for r in rows if r.must_store]
-    return cache.need_bytes(part, 0, must) + store.reserved <= store.budget
+    the rows run. rows: the whole group (its must-store rows count as in `plan_batches`). The
+    store answers, for what the batch reads and adds."""
+    chains, add = cache.batch_bytes(part, 0, [r for r in rows if r.must_store])
+    return cache.store.fits(add, chains)
 
 
 def run_scores(sched: ScoreQueue) -> None:
