@@ -46,8 +46,20 @@ PAIR = {
 def test_accuracy_rows_give_precision_and_cost_per_problem():
     older = {**RUN, "quantization": None, "command": "treesearch run gsm8k --quantization int8"}
     lines = accuracy([("a.json", RUN), ("b.json", {**RUN, "quantization": None}), ("c.json", older)])
-    assert lines[2] == "| gsm8k | qwen2.5-coder-0.5b | int8 | bfs | 3 of 4 | 0.75 (0.30-0.95) | 400 | 2.5 |"
-    assert [ln.split(" | ")[2] for ln in lines[3:]] == ["float32", "int8"]  # the default; the command
+    row = "| gsm8k |  | qwen2.5-coder-0.5b | int8 | bfs | 3 of 4 | 0.75 (0.30-0.95) | 400 | 2.5 |"
+    assert lines[2] == row
+    assert [ln.split(" | ")[3] for ln in lines[3:]] == ["float32", "int8"]  # the default; the command
+
+
+def test_a_resumed_runs_tokens_are_per_searched_row_and_its_wall_per_row_run():
+    """A resumed run's token totals cover every row in its file; its wall time only this process's."""
+    resumed = {**RUN, "command": "treesearch run gsm8k --range 0:4 --resume", "inputs_run": 1}
+    line = accuracy([("a.json", resumed)])[2]
+    assert (
+        line == "| gsm8k | 0:4 | qwen2.5-coder-0.5b | int8 | bfs | 3 of 4 | 0.75 (0.30-0.95) | 400 | 10.0 |"
+    )
+    recorded = {**resumed, "tokens_per_problem": 512.4}
+    assert accuracy([("a.json", recorded)])[2].split(" | ")[7] == "512"
 
 
 def test_comparison_rows_name_the_runs_by_file():

@@ -211,23 +211,33 @@ def plot_decode_step(doc: dict, path: Path) -> None:
 
 
 def accuracy(docs: list[tuple[str, dict]]) -> list[str]:
-    """`treesearch run --json` summaries side by side: accuracy with its 95% interval, and what a
-    problem cost (tokens computed and wall seconds per searched input)."""
+    """`treesearch run --json` summaries side by side: the rows run, accuracy with its 95% interval,
+    and what a problem cost: tokens computed per searched input (over every row of a resumed run)
+    and this process's wall seconds per input it ran (a throughput, with the run's concurrency)."""
     lines = [
-        "| task | model | precision | strategy | solved | accuracy (95% CI) | tokens/problem | s/problem |",
-        "|---|---|---|---|---|---|---|---|",
+        "| task | rows | model | precision | strategy | solved | accuracy (95% CI) | tokens/problem "
+        "| wall s/input |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for _, d in docs:
         t = d.get("tokens") or {}
-        n = max(int(d.get("inputs_run") or d["searched"] or 1), 1)
-        tokens = (t.get("prefill_tokens", 0) + t.get("decode_tokens", 0)) / n
+        searched = max(int(d["searched"] or 1), 1)
+        computed = t.get("prefill_tokens", 0) + t.get("decode_tokens", 0)
+        tokens = d.get("tokens_per_problem") or computed / searched
+        ran = max(int(d.get("inputs_run") or searched), 1)
         lines.append(
-            f"| {d.get('task')} | {d.get('model')} | {_precision(d)} | "
+            f"| {d.get('task')} | {_rows(d)} | {d.get('model')} | {_precision(d)} | "
             f"{d.get('strategy')} | {d['solved']} of {d['searched']} | "
             f"{d['accuracy']:.2f} ({d['accuracy_low']:.2f}-{d['accuracy_high']:.2f}) | {tokens:,.0f} | "
-            f"{d['wall_s'] / n:.1f} |"
+            f"{d['wall_s'] / ran:.1f} |"
         )
     return lines
+
+
+def _rows(doc: dict) -> str:
+    """The rows a run covered, from its command's --range (empty when it ran a whole set)."""
+    m = re.search(r"--range[ =](\S+)", str(doc.get("command") or ""))
+    return m[1] if m else ""
 
 
 def _precision(doc: dict) -> str:
@@ -259,10 +269,9 @@ def comparisons(docs: list[tuple[str, dict]]) -> list[str]:
 def _run_label(d: dict) -> str:
     """A run as its plot label: task, strategy, rows and model with its precision (two runs of one
     task and strategy differ in one of those)."""
-    command = str(d.get("command", ""))
-    rows = re.search(r"--range (\S+)", command)
-    where = f" {rows.group(1)}" if rows else ""
-    flag = re.search(r"--quantization (\S+)", command)  # reports older than the field say it here
+    rows = _rows(d)
+    where = f" {rows}" if rows else ""
+    flag = re.search(r"--quantization (\S+)", str(d.get("command", "")))  # older reports say it here
     quantization = d.get("quantization") or (flag.group(1) if flag else "")
     precision = f", {quantization}" if quantization else ""
     return f"{d.get('task')} {d.get('strategy')}{where} ({d.get('model')}{precision})"
