@@ -154,3 +154,15 @@ def test_after_any_admit_grow_seal_preempt_bytes_held_is_what_the_segments_hold(
         every = [*store.segments.values(), *store.open_segments.values()]
         assert store.bytes_held == sum(store.segment_bytes_held(s) for s in every)
         store.check_invariants()
+
+
+def test_sealing_never_evicts_the_context_it_continues():
+    # budget 2 blocks: A[1..4] (block 0, unpinned, the oldest) and an open buffer of 5 tokens whose
+    # 5 tokens take 2 blocks when sealed under A: the room for the rounding cannot come from A
+    store = KVStore(bytes_per_token=BPT, block_size=BS, budget=2 * BLOCK + BPT)
+    a, _ = store.insert([], [1, 2, 3, 4], kv(4))
+    seg = store.open(5, kv)
+    write(seg, 5)
+    assert store.seal([seg], (a, 4), [5, 6, 7, 8, 9]) is None
+    assert a.resident and store.eviction_log == [] and seg.id in store.open_segments
+    store.check_invariants()

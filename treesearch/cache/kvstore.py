@@ -150,10 +150,6 @@ class KVStore:
     def block_ids(self, seg: Segment) -> list[int]:
         return list(range(seg.first_block, seg.first_block + self.blocks(seg)))
 
-    def segment_bytes(self, seg: Segment) -> int:
-        """Bytes of the whole segment when resident in full."""
-        return self.blocks(seg) * self.block_bytes
-
     def tokens_bytes(self, n: int) -> int:
         """Bytes of the blocks that n tokens of one segment occupy."""
         return -(-n // self.block_size) * self.block_bytes
@@ -249,10 +245,15 @@ class KVStore:
         if follow(parent, off, tokens)[2] > 0:
             return None  # the tree holds some of these tokens already: the caller copies what is new
         add = sum(self.tokens_bytes(s.used) - self.open_bytes(s) for s in segs if s.used)
-        if add > 0 and add > self.room():
-            return None
         if add > 0:
-            self.make_room(add)
+            path = parent.context_chain(off)  # the context is not a candidate for the room
+            self.pin(path)
+            try:
+                if add > self.room():
+                    return None
+                self.make_room(add)
+            finally:
+                self.unpin(path)
         pos = 0
         for s in segs:
             n = s.used
