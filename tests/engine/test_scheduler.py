@@ -77,21 +77,20 @@ def test_a_row_is_admitted_only_with_room_for_its_token_of_the_decode_steps_buff
 @pytest.mark.parametrize(
     ("room", "shapes", "runs_seen"),
     [
-        # unbounded: the 6 prompt tokens stay in their prefill part (one run); the 16 fed tokens are
-        # copied into one open segment with room for 16 more (32), then 32 into one with room for
-        # the 7 left to feed (39)
-        (None, [(1, 16), (1, 32), (1, 39)], {2}),
-        (71, [(1, 16), (1, 32), (2, 7)], {2, 3}),  # free room for the first copy beside the old only
+        # unbounded: the 6 prompt tokens and 16 fed tokens copied into one open segment with room
+        # for 16 more (38), then 6 + 32 into one with room for the 7 left to feed (45)
+        (None, [(1, 16), (1, 38), (1, 45)], {1, 2}),
+        (71, [(1, 16), (1, 38), (2, 7)], {1, 2}),  # free room for the first copy beside the old only
         (48, [(1, 16), (2, 16), (3, 7)], {2, 3, 4}),  # room for no copy: a block at a time
     ],
 )
 def test_a_growing_row_keeps_its_own_kv_in_one_chunk_where_the_budget_has_room_for_the_copy(
     tiny_lm, alone, room, shapes, runs_seen
 ):
-    """A full row's generated K/V (its open segments in the store) is copied into one open segment
-    with room for a block more (at most what it has left to feed), so a decode step reads it as one
-    run after its prompt part; a budget without free room for the copy beside the old (a copy
-    evicts nothing) grows it by a block. The tokens are the same either way. shapes:
+    """A full row's own K/V (its prompt part, its cohort's only reader, and its open segments in
+    the store) is copied into one open segment with room for a block more (at most what it has
+    left to feed), so a decode step reads it as one run; a budget without free room for the copy
+    beside the old (a copy evicts nothing) grows it by a block. The tokens are the same either way. shapes:
     (open segments, capacity of the last) seen over the running row's steps; runs_seen: how many
     runs its own K/V was read as."""
     assert len(Engine(tiny_lm).tokenize(PROMPTS[0])) == 6

@@ -58,22 +58,28 @@ class RowMemory:
 
     def regrow(self, g: GenRow) -> bool:
         """Replace a full row's open segments with one that holds their tokens and room for a block
-        more: its generated K/V stays one run, so a step's attention reads it in one product per
-        layer, not one per block. Copying costs a few MB over a row's life, and only the step that
-        copies holds old and new at once. False, nothing changed, when the budget has no free room
-        for the copy (the row then grows by a block, which may evict)."""
+        more, and take its prompt parts in too where it is the last row reading their cohorts (whose
+        buffers then go): its own K/V stays one or two runs, so a step's attention reads it in one
+        or two products per layer, not one per part and block. Copying costs a few MB over a
+        row's life, and only the step that copies holds old and new at once. False, nothing
+        changed, when the budget has no free room for the copy (the row then grows by a block,
+        which may evict)."""
         extra = self.chunk_tokens(g)  # a block, or what is left of its fed tokens
         if not g.chunks or extra <= 0:
             return False
+        last = all(cohort.live == 1 for cohort, _, _ in g.parts)  # else the parts stay where they are
+        runs = g.own_runs() if last else [(s.kv, s.used) for s in g.chunks]
         store = self.cache.store
-        held = sum(s.used for s in g.chunks)
-        new = store.open(held + extra, self.chunk, evict=False)
+        new = store.open(sum(n for _, n in runs) + extra, self.chunk, evict=False)
         if new is None:
             return False  # only in free room: a copy is worth no cached block's eviction
+        for kv, n in runs:
+            new.kv[:, :, :, new.used : new.used + n] = kv[:, :, :, :n]
+            new.used += n
         for seg in g.chunks:
-            new.kv[:, :, :, new.used : new.used + seg.used] = seg.kv[:, :, :, : seg.used]
-            new.used += seg.used
             store.close(seg)
+        if last:
+            self._leave_cohorts(g)
         g.chunks = [new]
         return True
 

@@ -5,7 +5,8 @@ A generate row's own K/V: its prompt parts (the rows prefilled in one forward, a
 `BatchKV`, the one staging buffer, counted against the budget until its last row leaves; row b's
 part is a prefix run read in place; a long prompt is prefilled in several parts, one per step)
 and, from admission, its open segments in the store (`treesearch.cache.kvstore`, note 8), which
-its decode steps write and which are sealed where they are when it ends. So a row that joins a
+its decode steps write (`RowMemory.regrow` copies them, with its parts where it is their cohort's
+last reader, into one) and which are sealed where they are when it ends. So a row that joins a
 running batch later attends over its cached chain, then its prompt parts, then its open
 segments, exactly the context it would have alone.
 """
