@@ -70,14 +70,15 @@ def test_a_row_is_admitted_only_with_room_for_its_token_of_the_decode_steps_buff
     new, first = len(row.ids) - row.matched, min(eng.store.block_size, 39)
     eng.store.budget = (new + first + spare) * bpt
     assert eng.scheduler.memory.hold(g, row) is admitted
-    assert eng.store.reserved == ((new + first + 1) * bpt if admitted else 0)
+    opened = sum(eng.store.open_bytes(s) for s in eng.store.open_segments.values())  # its first block
+    assert eng.store.reserved + opened == ((new + first + 1) * bpt if admitted else 0)
 
 
 @pytest.mark.parametrize(
     ("room", "shapes", "runs_seen"),
     [
-        # unbounded: the 6 prompt tokens and 16 fed tokens copied into one chunk with room for 16
-        # more (38), then 6 + 32 into one with room for the 7 left to feed (45)
+        # unbounded: the 6 prompt tokens and 16 fed tokens copied into one open segment with room
+        # for 16 more (38), then 6 + 32 into one with room for the 7 left to feed (45)
         (None, [(1, 16), (1, 38), (1, 45)], {1, 2}),
         (71, [(1, 16), (1, 38), (2, 7)], {1, 2}),  # free room for the first copy beside the old only
         (48, [(1, 16), (2, 16), (3, 7)], {2, 3, 4}),  # room for no copy: a block at a time
@@ -86,12 +87,12 @@ def test_a_row_is_admitted_only_with_room_for_its_token_of_the_decode_steps_buff
 def test_a_growing_row_keeps_its_own_kv_in_one_chunk_where_the_budget_has_room_for_the_copy(
     tiny_lm, alone, room, shapes, runs_seen
 ):
-    """A full row's own K/V (its prompt part, its cohort's only reader, and its chunks) is copied
-    into one chunk with room for a block more (at most what it has left to feed), so a decode step
-    reads it as one run; a budget without free room for the copy beside the old (a
-    copy evicts nothing) grows it by a block. The tokens are the same either way. shapes: (chunks,
-    capacity of the last) seen over the running row's steps; runs_seen: how many runs its own K/V
-    was read as."""
+    """A full row's own K/V (its prompt part, its cohort's only reader, and its open segments in
+    the store) is copied into one open segment with room for a block more (at most what it has
+    left to feed), so a decode step reads it as one run; a budget without free room for the copy
+    beside the old (a copy evicts nothing) grows it by a block. The tokens are the same either way. shapes:
+    (open segments, capacity of the last) seen over the running row's steps; runs_seen: how many
+    runs its own K/V was read as."""
     assert len(Engine(tiny_lm).tokenize(PROMPTS[0])) == 6
     budget = None if room is None else (6 + room) * tiny_lm.kv_bytes_per_token
     eng = Engine(tiny_lm, RKSCConfig(cache_budget=budget))
@@ -100,7 +101,7 @@ def test_a_growing_row_keeps_its_own_kv_in_one_chunk_where_the_budget_has_room_f
 
     def look() -> None:
         for g in eng.scheduler.running:
-            seen.add((len(g.chunks), g.chunks[-1][0].shape[3]))
+            seen.add((len(g.chunks), g.chunks[-1].kv.shape[3]))
             runs.add(len(g.own_runs()))
 
     eng.scheduler.on_step = look
@@ -295,7 +296,8 @@ def test_a_score_batch_that_cannot_fit_beside_running_rows_waits_without_recompu
     g = GenRow(Call("generate", 1), 0, PROMPTS[0], run, Sampling(max_new_tokens=40), seeded(0))
     assert sched.memory.hold(g, run)
     sched.running.append(g)
-    store.budget = need + store.reserved - bpt  # one token short of room for the score batch
+    own = sum(store.open_bytes(s) for s in store.open_segments.values())  # the row's first open segment
+    store.budget = need + store.reserved + own - bpt  # one token short of room for the score batch
     call = Call("score", 1, key=(tuple(labels), None))
     call.args = {"labels": labels, "seqs": label_sequences(tiny_lm.tokenizer, labels), "exit_rule": None}
     item = ScoreRow(call, 0, row)
@@ -303,7 +305,7 @@ def test_a_score_batch_that_cannot_fit_beside_running_rows_waits_without_recompu
     with torch.no_grad():  # as the engine's calls run it
         run_scores(sched)
     assert sched.score_wait == [item] and not call.done
-    assert row.stats.model_calls == 0 and row.stats.recomputed_tokens == 0 and store.bytes_held == 0
+    assert row.stats.model_calls == 0 and row.stats.recomputed_tokens == 0 and store.bytes_held == own
     sched.memory.free(g)  # the running row leaves
     sched.running.remove(g)
     with torch.no_grad():

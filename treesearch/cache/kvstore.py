@@ -39,12 +39,18 @@ Protocol (enforced here with asserts naming the segment; relied on by the engine
    `treesearch.policies.rsbcm`; this loop knows nothing of scores). When nothing more can be evicted,
    `CacheBudgetError` says how many bytes were needed.
 7. `last_use` is a logical clock (lookup and insert tick it), never wall time.
+8. Open segments: a running row's own K/V lives in segments it owns in this store from admission
+   (`open`: a buffer of `capacity` tokens, counted in `bytes_held` at exactly its bytes, outside
+   the token tree: no lookup matches tokens whose K/V is still being written, no eviction reaches
+   it). The row writes into it (`Segment.used`); when it ends its open segments are `seal`ed where
+   they are, joining the tree as ordinary segments (no copy; a buffer whose blocks outnumber its
+   tokens' is trimmed), or `close`d (preemption, a row whose K/V is not kept): their bytes go.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from treesearch.cache.eviction import eviction_order, is_evictable, reclaimable
@@ -76,6 +82,7 @@ class KVStore:
         self._blocks = itertools.count(0)
         self._clock = itertools.count(1)
         self.segments: dict[int, Segment] = {}
+        self.open_segments: dict[int, Segment] = {}  # running rows' own K/V, outside the tree (note 8)
         self.owner_table = OwnerTable()  # owner -> segments it holds
         self.bytes_held = 0
         self.reserved = 0  # bytes of running batches' own K/V buffers, counted against the budget
@@ -143,10 +150,6 @@ class KVStore:
     def block_ids(self, seg: Segment) -> list[int]:
         return list(range(seg.first_block, seg.first_block + self.blocks(seg)))
 
-    def segment_bytes(self, seg: Segment) -> int:
-        """Bytes of the whole segment when resident in full."""
-        return self.blocks(seg) * self.block_bytes
-
     def tokens_bytes(self, n: int) -> int:
         """Bytes of the blocks that n tokens of one segment occupy."""
         return -(-n // self.block_size) * self.block_bytes
@@ -174,9 +177,7 @@ class KVStore:
                 self.make_room(add)
             finally:
                 self.unpin(path)
-            self.bytes_held += add
-            self.peak_held = max(self.peak_held, self.bytes_held)
-            self.peak_bytes = max(self.peak_bytes, self.bytes_held + self.reserved)
+            self._count(add)
         seg.kv = kv.contiguous()
 
     def reserve(self, nbytes: int) -> None:
@@ -200,6 +201,88 @@ class KVStore:
         """A batch buffer counted by `reserve` is gone."""
         assert 0 <= nbytes <= self.reserved, f"unreserve({nbytes}) with only {self.reserved} reserved"
         self.reserved -= nbytes
+
+    # -- open segments (note 8) ---------------------------------------------------------------------
+    def open(self, capacity: int, make: Callable[[int], Any], *, evict: bool = True) -> Segment | None:
+        """A running row's own K/V buffer of `capacity` tokens (`make(capacity)` allocates it),
+        counted in `bytes_held` at capacity x bytes_per_token; evicting for it as `reserve` does
+        (evict=False: only in free room). None when it does not fit (evictions made stay made)."""
+        nbytes = capacity * self.bytes_per_token
+        if not evict and self.budget is not None and self.bytes_held + self.reserved + nbytes > self.budget:
+            return None
+        try:
+            self.make_room(nbytes)
+        except CacheBudgetError:
+            return None
+        seg = Segment(id=next(self._ids), tokens=(), parent=None, parent_len=0, start=0, kv=make(capacity))
+        self.open_segments[seg.id] = seg
+        self._count(nbytes)
+        return seg
+
+    def open_bytes(self, seg: Segment) -> int:
+        """Bytes an open segment holds: its buffer, token by token."""
+        return int(seg.kv.shape[3]) * self.bytes_per_token
+
+    def close(self, seg: Segment) -> None:
+        """An open segment's K/V is not kept (its row was preempted, or ended without caching it)."""
+        assert self.open_segments.pop(seg.id, None) is seg, f"segment {seg.id} is not open"
+        self.bytes_held -= self.open_bytes(seg)
+        seg.kv = None
+
+    def seal(
+        self, segs: list[Segment], end: tuple[Segment, int], tokens: Sequence[int]
+    ) -> tuple[Segment, int] | None:
+        """Seal a row's open segments in place as the continuation of `end` (a resident chain end):
+        segs[i] holds the K/V of its `used` tokens of `tokens`, in order. Each joins the tree as it is
+        (a view of its first `used` slots; copied only where its buffer has more blocks than
+        those). Returns the new chain end, or None, nothing changed, when the tree already holds a
+        continuation starting with these tokens or the blocks need room that cannot be made."""
+        assert sum(s.used for s in segs) == len(tokens) > 0, "the open segments hold exactly the tokens"
+        parent, off = end
+        assert parent is self.root or parent.resident_len >= off, (
+            f"segment {parent.id}: seal under evicted K/V"
+        )
+        if follow(parent, off, tokens)[2] > 0:
+            return None  # the tree holds some of these tokens already: the caller copies what is new
+        add = sum(self.tokens_bytes(s.used) - self.open_bytes(s) for s in segs if s.used)
+        if add > 0:
+            path = parent.context_chain(off)  # the context is not a candidate for the room
+            self.pin(path)
+            try:
+                if add > self.room():
+                    return None
+                self.make_room(add)
+            finally:
+                self.unpin(path)
+        pos = 0
+        for s in segs:
+            n = s.used
+            if n == 0:
+                self.close(s)
+                continue
+            del self.open_segments[s.id]
+            self.bytes_held += self.tokens_bytes(n) - self.open_bytes(s)
+            kv = s.kv[:, :, :, :n]
+            s.kv = kv.clone() if self.tokens_bytes(n) < self.open_bytes(s) else kv
+            s.tokens, s.parent, s.parent_len, s.start = (
+                tuple(tokens[pos : pos + n]),
+                parent,
+                off,
+                parent.start + off,
+            )
+            s.first_block, s.last_use, s.used = next(self._blocks), next(self._clock), 0
+            for _ in range(self.blocks(s) - 1):
+                next(self._blocks)
+            parent.children[(off, s.tokens[0])] = s
+            self.segments[s.id] = s
+            parent, off, pos = s, n, pos + n
+        self._count(0)
+        return parent, off
+
+    def _count(self, nbytes: int) -> None:
+        self.bytes_held += nbytes
+        self.peak_held = max(self.peak_held, self.bytes_held)
+        self.peak_bytes = max(self.peak_bytes, self.bytes_held + self.reserved)
 
     def evict(self, seg: Segment) -> int:
         """Drop a segment's K/V (its tokens stay); returns bytes freed."""
@@ -344,12 +427,17 @@ class KVStore:
         self.evicted_blocks = 0
         self.eviction_log = []
 
+    def segment_bytes_held(self, seg: Segment) -> int:
+        """Bytes one segment holds now: an open one's buffer, else its resident blocks."""
+        return self.open_bytes(seg) if seg.id in self.open_segments else self.resident_bytes(seg)
+
     def resident_segments(self) -> list[Segment]:
         return [s for s in self.segments.values() if s.kv is not None]
 
     def check_invariants(self) -> None:
         """Recompute the accounting from scratch and compare (for tests)."""
         held = sum(self.resident_bytes(s) for s in self.segments.values() if s.kv is not None)
+        held += sum(self.open_bytes(s) for s in self.open_segments.values())
         assert held == self.bytes_held, f"bytes_held {self.bytes_held} != recomputed {held}"
         if self.budget is not None:
             assert self.bytes_held + self.reserved <= self.budget, (

@@ -262,20 +262,52 @@ class CacheManager:
         store = self.store
         chain, m = store.lookup(ids)
         self.pin(chain)
-        if m < start:  # the tokens before start are not in the store (forgotten since): tokens only
-            return store.insert(chain, ids[m:], None)
-        keep = None  # cache every new token
-        if store.budget is not None:
-            missing = [(s, u) for s, u in chain if u > s.resident_len]
-            room = store.room(free_only=free_only) - store.missing_bytes([chain])
-            keep = min(len(ids) - m, max(0, int(room)) // store.block_bytes * store.block_size)
-            if (
-                room < 0
-                or (keep == 0 and m < len(ids))
-                or any(s.start + s.resident_len < start for s, _ in missing)
-            ):
-                return chain[-1] if m == len(ids) else store.insert(chain, ids[m:], None)  # tokens only
+        cached, keep = self._room_for(ids, start, chain, m, free_only)
+        if not cached:  # the context is not resident or there is no room: tokens only
+            return chain[-1] if m == len(ids) else store.insert(chain, ids[m:], None)
         return self.insert(ids, start, kv, found=(chain, m), keep=keep, charge=charge)
+
+    def _room_for(
+        self, ids: list[int], start: int, chain: Chain, m: int, free_only: bool
+    ) -> tuple[bool, int | None]:
+        """Whether `store_kv` caches K/V after the looked-up (chain, m), and how many of ids[m:]
+        (None: all). False: tokens only (the tokens before start are not in the store, or their
+        K/V is evicted before start, or no block fits)."""
+        store = self.store
+        if m < start:  # the tokens before start are not in the store (forgotten since)
+            return False, 0
+        if store.budget is None:
+            return True, None
+        missing = [(s, u) for s, u in chain if u > s.resident_len]
+        room = store.room(free_only=free_only) - store.missing_bytes([chain])
+        keep = min(len(ids) - m, max(0, int(room)) // store.block_bytes * store.block_size)
+        if (
+            room < 0
+            or (keep == 0 and m < len(ids))
+            or any(s.start + s.resident_len < start for s, _ in missing)
+        ):
+            return False, 0
+        return True, keep
+
+    def seal_kv(
+        self, ids: list[int], start: int, segs: list[Segment], *, charge: Stats | None = None
+    ) -> Handle | None:
+        """Cache, where they are, a running row's open segments holding the K/V of ids[start:]
+        (K/V computed in passing: `store_kv` with free_only), pinned for the rest of the call.
+        None, nothing changed, where `store_kv` would keep less than all of it, or the store holds
+        some of it already: the caller then stores a copy."""
+        store = self.store
+        chain, m = store.lookup(ids)
+        if m != start or any(u > s.resident_len for s, u in chain):
+            return None
+        self.pin(chain)  # read by this step (as `store_kv` pins it)
+        cached, keep = self._room_for(ids, start, chain, m, True)
+        if not cached or (keep is not None and keep < len(ids) - m):
+            return None
+        end = store.seal(segs, chain[-1] if chain else (store.root, 0), ids[start:])
+        if end is not None:
+            self.pin(end[0].context_chain(end[1]))
+        return end
 
     def insert(
         self,

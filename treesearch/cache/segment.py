@@ -36,6 +36,7 @@ class Segment:
     children: dict = field(default_factory=dict)  # (offset, first_token) -> Segment
     last_use: int = 0
     first_block: int = 0  # block ids are first_block .. first_block + blocks - 1
+    used: int = 0  # while open (`KVStore.open`): K/V slots written so far, of kv's capacity
 
     def __len__(self) -> int:
         return len(self.tokens)

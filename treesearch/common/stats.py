@@ -21,7 +21,8 @@ class Stats:
     evicted_blocks: blocks of K/V dropped to stay under cache_budget.
     preemptions: running rows freed and requeued to make room (recomputed when readmitted).
     peak_kv_bytes: the most K/V held at once: the cache's blocks plus the running batches' own
-    buffers (within cache_budget); peak_store_bytes: the cache's blocks alone. With several
+    buffers (within cache_budget); peak_store_bytes: the store's alone (its cached blocks and the
+    running rows' generated K/V, which the store holds from admission). With several
     searches on one engine, both are the engine's peaks while the search ran.
     least_budget_bytes: the largest minimum any call of the search had (one row's context and
     batch buffer, with the new blocks of its root prompt where it has one, as the cache stood); a

@@ -1,10 +1,9 @@
 """The K/V a running generate row holds, against the budget: admission (its chain pinned and
-resident, its uncached context, first decode chunk and step token reserved), a bigger chunk as it generates,
-the preemption order, and giving it all back (`treesearch.engine.scheduler` decides when)."""
+resident, its uncached context and step token reserved, its first open segment in the store), a
+bigger open segment as it generates, sealing them in place when it ends, the preemption order,
+and giving it all back (`treesearch.engine.scheduler` decides when)."""
 
 from __future__ import annotations
-
-from collections.abc import Hashable
 
 import torch
 
@@ -24,12 +23,12 @@ class RowMemory:
         self.lm = runner.lm
 
     def hold(self, g: GenRow, p: Row) -> bool:
-        """Pin and make resident the row's chain and reserve its own K/V: every uncached token of
-        its context (prefilled now or in later steps), its first decode chunk and its token of a
-        decode step's buffer (so an admitted row can always take its next step: a row admitted
-        into the last free bytes and then unable to step would preempt itself, be readmitted the
-        same way, and never progress). False: no room (the store says so before any of the
-        chain is recomputed)."""
+        """Pin and make resident the row's chain and hold its own K/V: every uncached token of
+        its context (prefilled now or in later steps; reserved), its first open segment (a
+        decode block, in the store) and its token of a decode step's buffer (reserved), so an
+        admitted row can always take its next step (a row admitted into the last free bytes and
+        then unable to step would preempt itself, be readmitted the same way, and never progress).
+        False: no room (the store says so before any of the chain is recomputed)."""
         cache = self.cache
         store = cache.store
         bpt = store.bytes_per_token
@@ -45,9 +44,11 @@ class RowMemory:
         except CacheBudgetError:
             store.unpin(p.chain)
             return False
+        cache.unreserve(first * bpt)  # reserved with the rest, held from here on by its open segment
+        seg = store.open(first, self.chunk, evict=False) if first else None
+        assert seg is not None or not first, "the room just reserved holds the open segment"
         g.plan, g.pinned, g.filled, g.fill_bytes = p, p.chain, 0, new * bpt
-        g.chunks = [[self.chunk(first), 0]] if first else []
-        g.chunk_bytes, g.step_bytes = first * bpt, bpt
+        g.chunks, g.step_bytes = ([seg] if seg is not None else []), bpt
         return True
 
     def chunk_tokens(self, g: GenRow) -> int:
@@ -56,8 +57,8 @@ class RowMemory:
         return max(0, min(self.cache.store.block_size, left))
 
     def regrow(self, g: GenRow) -> bool:
-        """Replace a full row's chunks with one that holds their tokens and room for a block more,
-        and take its prompt parts in too where it is the last row reading their cohorts (whose
+        """Replace a full row's open segments with one that holds their tokens and room for a block
+        more, and take its prompt parts in too where it is the last row reading their cohorts (whose
         buffers then go): its own K/V stays one or two runs, so a step's attention reads it in one
         or two products per layer, not one per part and block. Copying costs a few MB over a
         row's life, and only the step that copies holds old and new at once. False, nothing
@@ -67,20 +68,19 @@ class RowMemory:
         if not g.chunks or extra <= 0:
             return False
         last = all(cohort.live == 1 for cohort, _, _ in g.parts)  # else the parts stay where they are
-        runs = [kv[:, :, :, :n] for kv, n in (g.own_runs() if last else g.chunks) if n]
-        held = sum(r.shape[3] for r in runs)
-        bpt = self.cache.store.bytes_per_token
-        if not self.cache.store.try_reserve((held + extra) * bpt, evict=False):
+        runs = g.own_runs() if last else [(s.kv, s.used) for s in g.chunks]
+        store = self.cache.store
+        new = store.open(sum(n for _, n in runs) + extra, self.chunk, evict=False)
+        if new is None:
             return False  # only in free room: a copy is worth no cached block's eviction
-        new = self.chunk(held + extra)
-        off = 0
-        for r in runs:
-            new[:, :, :, off : off + r.shape[3]] = r
-            off += r.shape[3]
-        self.cache.unreserve(g.chunk_bytes)
+        for kv, n in runs:
+            new.kv[:, :, :, new.used : new.used + n] = kv[:, :, :, :n]
+            new.used += n
+        for seg in g.chunks:
+            store.close(seg)
         if last:
             self._leave_cohorts(g)
-        g.chunks, g.chunk_bytes = [[new, held]], (held + extra) * bpt
+        g.chunks = [new]
         return True
 
     def chunk(self, n: int) -> torch.Tensor:
@@ -96,11 +96,14 @@ class RowMemory:
         return (self.cache.owner_omega(g.owner), -g.order)
 
     def free(self, g: GenRow) -> None:
-        """Give back an admitted row's K/V: what it reserved and has not prefilled yet, its chunks,
-        each cohort's buffer with the last row of it, its pins."""
+        """Give back an admitted row's K/V: what it reserved and has not prefilled yet, its open
+        segments (closed; a row that ended had them sealed first), each cohort's buffer with the
+        last row of it, its pins."""
         cache = self.cache
-        cache.unreserve(g.chunk_bytes + g.fill_bytes + g.step_bytes)
-        g.chunks, g.chunk_bytes, g.fill_bytes, g.step_bytes, g.filled = [], 0, 0, 0, 0
+        cache.unreserve(g.fill_bytes + g.step_bytes)
+        for seg in g.chunks:
+            cache.store.close(seg)
+        g.chunks, g.fill_bytes, g.step_bytes, g.filled = [], 0, 0, 0
         self._leave_cohorts(g)
         cache.store.unpin(g.pinned)
         g.pinned = []
@@ -123,13 +126,27 @@ class RowMemory:
             "raise --cache-budget or run fewer searches at once"
         )
 
-    def store_prompt(self, r: Row, kv: torch.Tensor, owner: Hashable) -> Handle:
+    def store_prompt(self, g: GenRow) -> Handle:
         """Cache a generate row's new prompt K/V (a protected owner's must stay cached; the rest only
-        where it displaces nothing owned); returns where the prompt ends."""
+        where it displaces nothing owned); returns where the prompt ends. The row keeps reading its
+        own parts: pinning the cached copy for it would keep optional K/V from being evicted."""
+        r = g.plan
+        assert r is not None
+        kv = g.prompt_kv()
         try:
             end = self.cache.store_kv(r.ids, r.matched, kv, free_only=not r.must_store, charge=r.stats)
         except CacheBudgetError:  # no room beside the running rows: kept as tokens, recomputed if needed
             end = self.cache.store_kv(r.ids, r.matched, kv, free_only=True, charge=r.stats)
         self.cache.count_prompt(end, r.search)
-        self.cache.hold_prompt(end, owner)
+        self.cache.hold_prompt(end, g.owner)
+        return end
+
+    def seal(self, g: GenRow, ctx: list[int], start: int) -> Handle | None:
+        """An ending row whose open segments hold exactly the K/V of ctx[start:]: cache it where
+        it is (`CacheManager.seal_kv`); None where that cannot be done without a copy."""
+        if sum(s.used for s in g.chunks) != len(ctx) - start:  # its parts hold some of them
+            return None
+        end = self.cache.seal_kv(ctx, start, g.chunks, charge=g.stats)
+        if end is not None:
+            g.chunks = []
         return end

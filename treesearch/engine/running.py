@@ -1,13 +1,14 @@
 """The work items the scheduler (`treesearch.engine.scheduler`) runs: a call of one search, its
 generate rows while they run (tokens so far, own sampler, own K/V) and its score rows.
 
-A generate row's own K/V lives in two places, both counted against the budget: its prompt parts
-(the rows prefilled in one forward, a cohort, share one `BatchKV`; row b's part is a prefix run
-read in place; a long prompt is prefilled in several parts, one per step) and decode chunks: a
-full chunk is copied into one with room for a block more, the prompt parts with it once no other
-row reads their cohort (`RowMemory.regrow`), or, with no room for the copy, joined by a block.
-So a row that joins a running batch later attends over its cached chain, then its prompt parts,
-then its chunks, exactly the context it would have alone.
+A generate row's own K/V: its prompt parts (the rows prefilled in one forward, a cohort, share one
+`BatchKV`, the one staging buffer, counted against the budget until its last row leaves; row b's
+part is a prefix run read in place; a long prompt is prefilled in several parts, one per step)
+and, from admission, its open segments in the store (`treesearch.cache.kvstore`, note 8), which
+its decode steps write (`RowMemory.regrow` copies them, with its parts where it is their cohort's
+last reader, into one) and which are sealed where they are when it ends. So a row that joins a
+running batch later attends over its cached chain, then its prompt parts, then its open
+segments, exactly the context it would have alone.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from treesearch.cache.kvstore import Segment
 from treesearch.cache.manager import Handle, Row
 from treesearch.common.config import Sampling
 from treesearch.common.stats import Stats
@@ -80,8 +82,7 @@ class GenRow:
     parts: list[tuple[Cohort, int, int]] = field(default_factory=list)  # (cohort, its row there, tokens)
     filled: int = 0  # of the context's uncached tokens, those prefilled so far at this admission
     fill_bytes: int = 0  # reserved for the uncached tokens not prefilled yet
-    chunks: list[list] = field(default_factory=list)  # [tensor [L, 2, Hkv, cap, d], used]
-    chunk_bytes: int = 0
+    chunks: list[Segment] = field(default_factory=list)  # its open segments in the store, in order
     step_bytes: int = 0  # its token of a decode step's buffer, held from admission on
     pinned: list = field(default_factory=list)  # the chain it attends over, pinned while it runs
     handle: Handle | None = None  # where its prompt (then prompt + fed tokens) ends in the store
@@ -106,7 +107,7 @@ class GenRow:
     def own_runs(self) -> list[tuple[torch.Tensor, int]]:
         """Its own K/V after the cached chain, as prefix runs: the prompt parts, then the chunks."""
         runs = [(c.batch.row_run(slot), n) for c, slot, n in self.parts]
-        return runs + [(kv, used) for kv, used in self.chunks if used]
+        return runs + [(s.kv, s.used) for s in self.chunks if s.used]
 
     def todo(self) -> int:
         """Uncached tokens of its admitted context still to prefill (0: it decodes)."""
@@ -119,15 +120,15 @@ class GenRow:
         return kvs[0] if len(kvs) == 1 else torch.cat(kvs, dim=3)
 
     def room(self) -> int:
-        """Free token slots in its last chunk."""
-        return self.chunks[-1][0].shape[3] - self.chunks[-1][1] if self.chunks else 0
+        """Free token slots in its last open segment."""
+        return self.chunks[-1].kv.shape[3] - self.chunks[-1].used if self.chunks else 0
 
     def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Append one token's K/V ([L, Hkv, d] each) to its last chunk."""
-        kv, used = self.chunks[-1]
-        kv[:, 0, :, used] = k
-        kv[:, 1, :, used] = v
-        self.chunks[-1][1] = used + 1
+        """Append one token's K/V ([L, Hkv, d] each) to its last open segment."""
+        seg = self.chunks[-1]
+        seg.kv[:, 0, :, seg.used] = k
+        seg.kv[:, 1, :, seg.used] = v
+        seg.used += 1
 
     def own_kv(self, start: int) -> torch.Tensor:
         """A copy of its own K/V from absolute position start (>= plan.matched) to what it holds."""

@@ -12,21 +12,22 @@ One step (under the engine's lock, run by whichever waiting thread finds no step
 2. prefill (chunked, below), at most `step_tokens` uncached prompt tokens a step:
    the next part of every admitted row whose prompt is not fully in (`filling`), then waiting
    generate rows admitted in arrival order (preempted rows first) into what is left, up to
-   `max_rows` admitted: each is looked up, its chain pinned and made resident, and its K/V (its
-   whole uncached context, its first decode chunk and its token of the decode step's buffer)
-   reserved against the budget; `make_room` evicts unread blocks (lowest omega first, or LRU)
-   for it. A row that still does not fit waits
-   for running rows to finish (after a preemption none is admitted until a row leaves). The step's
+   `max_rows` admitted: each is looked up, its chain pinned and made resident, and its K/V held
+   against the budget (its whole uncached context and its token of the decode step's buffer
+   reserved, its first decode block an open segment in the store); `make_room` evicts unread
+   blocks (lowest omega first, or LRU) for it. A row that still does not fit waits for running
+   rows to finish (after a preemption none is admitted until a row leaves). The step's
    parts run as one forward (a cohort); a row whose prompt is in samples its first token, so a
    long prompt is prefilled over several steps, each beside the decode below;
 3. every running row feeds its last token through one decode forward (`Forward.step`) over its
-   chain, its prompt parts and its chunks; a row whose chunk is full is first copied into one
-   chunk a block bigger (`RowMemory.regrow`) or, with no room for the copy, reserves one more
-   block, and when even that cannot fit, the admitted row (running or filling) of lowest omega
-   (LRU: the latest admitted) is preempted: its K/V freed, requeued first, recomputed when
-   readmitted (lossless: it keeps its tokens and its sampler);
-4. a row that meets EOS, a stop string or max tokens leaves at once, and a call returns to its
-   search as soon as its last row is done: no barrier over searches.
+   chain, its prompt parts and its open segments, writing its new K/V into the last; a row whose
+   open segments are full is first copied into one a block bigger (`RowMemory.regrow`) or, with
+   no room for the copy, opens one more block, and when even that cannot fit, the admitted row
+   (running or filling) of lowest omega (LRU: the latest admitted) is preempted: its K/V freed,
+   requeued first, recomputed when readmitted (lossless: it keeps its tokens and its sampler);
+4. a row that meets EOS, a stop string or max tokens leaves at once (its open segments sealed
+   in the store where they are, `RowMemory.seal`), and a call returns to its search as soon as
+   its last row is done: no barrier over searches.
 Rows carry their own seeds and prompts, so a result never depends on which rows shared a step.
 After every step each call not yet returned has rows queued or running (`_check_rows`), and an
 error inside a step fails every call not yet returned, so no thread waits on rows that are gone.
@@ -338,7 +339,7 @@ class Scheduler:
         g.reused, g.reused_n = True, p.matched - p.prepass
         g.stats.reused_tokens += g.reused_n
         if self.runner.config.shares:
-            g.handle = self.memory.store_prompt(p, g.prompt_kv(), g.owner)
+            g.handle = self.memory.store_prompt(g)
         return True
 
     def _decode(self, ready: int) -> None:
@@ -354,7 +355,7 @@ class Scheduler:
         if fwd.decoder is not None and fwd.decoder.stale(lm.model):  # a weight changed in place
             fwd.decoder = decoder_for(lm.model)
         batch = BatchKV(lm.num_layers, len(rows), lm.num_kv_heads, lm.head_dim, 1, lm.dtype, lm.device)
-        batch.set_prefixes([cache.prefix(g.plan.chain) + g.own_runs() for g in rows])  # type: ignore[union-attr]
+        batch.set_prefixes([cache.prefix(g.pinned) + g.own_runs() for g in rows])
         logits = fwd.step(
             batch,
             [g.gens[-1] for g in rows],
@@ -390,19 +391,18 @@ class Scheduler:
 
     # -- memory --------------------------------------------------------------------------------------
     def _grow(self, g: GenRow) -> None:
-        """One more chunk for a row whose chunks are full, preempting others (or it) if need be."""
+        """One more open segment for a row whose open segments are full, preempting others (or it)
+        if need be."""
         n = self.memory.chunk_tokens(g)
         assert n > 0, "a running row with no slot left would have ended"
         if self.memory.regrow(g):
             return
         while g in self.running:
-            try:
-                self.cache.reserve(n * self.cache.store.bytes_per_token)
-            except CacheBudgetError:
+            seg = self.cache.store.open(n, self.memory.chunk)
+            if seg is None:
                 self._preempt(self._victim())
                 continue
-            g.chunks.append([self.memory.chunk(n), 0])
-            g.chunk_bytes += n * self.cache.store.bytes_per_token
+            g.chunks.append(seg)
             return
 
     def _victim(self) -> GenRow:
@@ -438,8 +438,11 @@ class Scheduler:
             assert g.plan is not None
             start = max(len(g.row.ids), g.plan.matched)  # a resumed row may have found fed tokens cached
             if start < len(ctx):
-                kv = g.own_kv(start)[:, :, :, : len(ctx) - start]
-                g.handle = self.cache.store_kv(ctx, start, kv, free_only=True, charge=g.stats)
+                end = self.memory.seal(g, ctx, start)  # in place, else a copy below
+                if end is None:
+                    kv = g.own_kv(start)[:, :, :, : len(ctx) - start]
+                    end = self.cache.store_kv(ctx, start, kv, free_only=True, charge=g.stats)
+                g.handle = end
         self._free(g)
         self.backoff = False  # room that stays free: waiting rows may be admitted again
         g.call.deliver(g.index, self.runner.generation(g))
