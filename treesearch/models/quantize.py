@@ -13,12 +13,14 @@ hold views of it, so the transformers layers (prefill, scoring) and the fast dec
 table (a token's embedding row is the head's output channel, so one scale per row serves both).
 
 Layout: every int8 matrix [N, K] is held in the kernel's blocks of 16 output channels, k-major
-(`int8_kernel.block`: [ceil(N/16), K, 16], channels past N zero), and in no other layout; a fused
+(`int8_blocks.block`: [ceil(N/16), K, 16], channels past N zero), and in no other layout; a fused
 buffer is its parts' blocks one after another (each part padded to whole blocks), so each part's
-blocks are a slice of it. On disk (`state`, `from_state`, safetensors) the matrices stay plain
-[N, K] (the fused ones as their parts' rows stacked): the cache written before the blocked layout
-reads unchanged, and it does not depend on the kernel's block size; `from_state` blocks each
-matrix as it takes it, dropping the plain one, so a load's peak is not two copies.
+blocks are a slice of it. On disk (`state`, `from_state`, safetensors) the matrices are stored
+blocked too, so a load uses the file's tensors as they are (safetensors maps the file: nothing is
+copied, and pages are read as the weights are first used). Blocking plain matrices at load was
+measured instead: it copies every matrix while the file's pages stay mapped, and the 0.5B's load
+peaked at 1,794 MB resident instead of 575. So the cache folder's name carries the layout
+(`treesearch.models.load.int8_folder`), and a cache of the earlier plain layout is never read.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Linear(nn.Module):
-    """y = x (W s)^T (+ b), W int8 [out, in] blocked (`int8_kernel.block`: qweight [ceil(out/16),
+    """y = x (W s)^T (+ b), W int8 [out, in] blocked (`int8_blocks.block`: qweight [ceil(out/16),
     in, 16]), s float32 [out] (`treesearch.models.int8_kernel`)."""
 
     qweight: torch.Tensor
@@ -73,7 +75,7 @@ class Int8Linear(nn.Module):
 
 
 class Int8Embedding(nn.Module):
-    """Token embedding from an int8 table [V, D] (blocked, `int8_kernel.block`) with a scale per row
+    """Token embedding from an int8 table [V, D] (blocked, `int8_blocks.block`) with a scale per row
     (dequantized per lookup)."""
 
     qweight: torch.Tensor
@@ -130,18 +132,27 @@ def _fused(mods: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 def _views(
-    mods: list[nn.Linear], q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None
-) -> tuple[torch.Tensor, list[Int8Linear]]:
-    """The fused plain (q [sum N, K], s, bias) of mods' rows blocked into one buffer, each module's
-    blocks after the previous one's: (buffer, one `Int8Linear` per module over its slice)."""
-    buffer = torch.cat([int8_blocks.block(part) for part in q.split([m.out_features for m in mods])])
+    mods: list[nn.Linear], buffer: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None
+) -> list[Int8Linear]:
+    """One `Int8Linear` per module over its blocks of the fused buffer (each module's blocks after
+    the previous one's) and its rows of the fused scale s and bias."""
+    if buffer.dim() != 3 or buffer.shape[0] != sum(int8_blocks.blocks(m.out_features) for m in mods):
+        raise ValueError(
+            f"a fused int8 matrix of shape {tuple(buffer.shape)} is not in blocks of 16 channels; "
+            "delete the int8 cache to convert anew"
+        )
     out, r, b0 = [], 0, 0
     for m in mods:
         n, nb = m.out_features, int8_blocks.blocks(m.out_features)
         b = None if m.bias is None or bias is None else bias[r : r + n]
         out.append(Int8Linear(buffer[b0 : b0 + nb], s[r : r + n], b))
         r, b0 = r + n, b0 + nb
-    return buffer, out
+    return out
+
+
+def _fused_buffer(mods: list[nn.Linear], q: torch.Tensor) -> torch.Tensor:
+    """The plain fused rows q [sum N, K] of mods as one buffer of each module's blocks in turn."""
+    return torch.cat([int8_blocks.block(part) for part in q.split([m.out_features for m in mods])])
 
 
 def _blocked(q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
@@ -158,12 +169,13 @@ def quantize(model: Any) -> Any:
         att, mlp = layer.self_attn, layer.mlp
         attn_mods = [att.q_proj, att.k_proj, att.v_proj]
         mlp_mods = [mlp.gate_proj, mlp.up_proj]
-        qkv, gu = _fused(attn_mods), _fused(mlp_mods)
-        qkv_buf, (att.q_proj, att.k_proj, att.v_proj) = _views(attn_mods, *qkv)
-        gu_buf, (mlp.gate_proj, mlp.up_proj) = _views(mlp_mods, *gu)
+        (q, qs, qb), (g, gs, _) = _fused(attn_mods), _fused(mlp_mods)
+        qkv_buf, gu_buf = _fused_buffer(attn_mods, q), _fused_buffer(mlp_mods, g)
+        att.q_proj, att.k_proj, att.v_proj = _views(attn_mods, qkv_buf, qs, qb)
+        mlp.gate_proj, mlp.up_proj = _views(mlp_mods, gu_buf, gs, None)
         att.o_proj = _blocked(*quantize_rows(att.o_proj.weight))
         mlp.down_proj = _blocked(*quantize_rows(mlp.down_proj.weight))
-        layer.int8 = Int8Layer((qkv_buf, qkv[1]), (gu_buf, gu[1]))
+        layer.int8 = Int8Layer((qkv_buf, qs), (gu_buf, gs))
     _quantize_ends(model)
     return model
 
@@ -184,32 +196,25 @@ def _quantize_ends(model: Any) -> None:
 
 
 def state(model: Any) -> dict[str, torch.Tensor]:
-    """What `save` writes: the fused int8 matrices (their parts' rows stacked) and scales, o/down,
-    embedding and head, every int8 matrix plain [N, K] (see the module doc), and every float32
-    tensor left (norms, q/k/v biases), each under its own name (no shared storage)."""
+    """What `save` writes: the fused int8 buffers and scales, o/down, embedding and head, every int8
+    matrix blocked as held (see the module doc), and every float32 tensor left (norms, q/k/v
+    biases), each under its own name (no shared storage)."""
     out: dict[str, torch.Tensor] = {}
     base = model.model
-
-    def plain(*mods: Any) -> torch.Tensor:
-        return torch.cat([int8_blocks.unblock(m.qweight, m.out_features) for m in mods])
-
     for i, layer in enumerate(base.layers):
         p = f"model.layers.{i}."
         att, mlp = layer.self_attn, layer.mlp
-        out[p + "qkv.qweight"] = plain(att.q_proj, att.k_proj, att.v_proj)
-        out[p + "qkv.scale"] = layer.int8.qkv_scale
-        out[p + "gate_up.qweight"] = plain(mlp.gate_proj, mlp.up_proj)
-        out[p + "gate_up.scale"] = layer.int8.gate_up_scale
+        out[p + "qkv.qweight"], out[p + "qkv.scale"] = layer.int8.qkv, layer.int8.qkv_scale
+        out[p + "gate_up.qweight"], out[p + "gate_up.scale"] = layer.int8.gate_up, layer.int8.gate_up_scale
         for name, m in (("self_attn.o_proj", att.o_proj), ("mlp.down_proj", mlp.down_proj)):
-            out[p + name + ".qweight"], out[p + name + ".scale"] = plain(m), m.scale
+            out[p + name + ".qweight"], out[p + name + ".scale"] = m.qweight, m.scale
         for name, m in (("q", att.q_proj), ("k", att.k_proj), ("v", att.v_proj)):
             if m.bias is not None:
                 out[p + f"self_attn.{name}_proj.bias"] = m.bias.contiguous()
-    emb = base.embed_tokens
-    out["model.embed_tokens.qweight"] = int8_blocks.unblock(emb.qweight, emb.num_embeddings)
-    out["model.embed_tokens.scale"] = emb.scale
-    if model.lm_head.qweight is not emb.qweight:
-        out["lm_head.qweight"], out["lm_head.scale"] = plain(model.lm_head), model.lm_head.scale
+    out["model.embed_tokens.qweight"] = base.embed_tokens.qweight
+    out["model.embed_tokens.scale"] = base.embed_tokens.scale
+    if model.lm_head.qweight is not base.embed_tokens.qweight:
+        out["lm_head.qweight"], out["lm_head.scale"] = model.lm_head.qweight, model.lm_head.scale
     for name, p in model.named_parameters():  # the norms: all that is left as parameters
         out[name] = p.detach()
     return {k: v.contiguous() for k, v in out.items()}
@@ -218,9 +223,8 @@ def state(model: Any) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def from_state(config: Any, tensors: dict[str, torch.Tensor]) -> Any:
     """A model built from config with the int8 weights of `state` (no float32 weights are made:
-    the skeleton is built on the meta device and every tensor is assigned from tensors). Each
-    plain int8 matrix is taken out of tensors (popped) as it is blocked, so the load holds one
-    copy of each, not two."""
+    the skeleton is built on the meta device and every tensor is assigned from tensors, the int8
+    matrices blocked as `state` wrote them)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -236,27 +240,22 @@ def from_state(config: Any, tensors: dict[str, torch.Tensor]) -> Any:
             qkv_bias = torch.cat(
                 [b if b is not None else torch.zeros(m.out_features) for b, m in zip(biases, attn_mods)]
             )
-        qkv_s, gu_s = tensors[p + "qkv.scale"], tensors[p + "gate_up.scale"]
-        qkv_buf, (att.q_proj, att.k_proj, att.v_proj) = _views(
-            attn_mods, tensors.pop(p + "qkv.qweight"), qkv_s, qkv_bias
+        qkv = (tensors[p + "qkv.qweight"], tensors[p + "qkv.scale"])
+        gu = (tensors[p + "gate_up.qweight"], tensors[p + "gate_up.scale"])
+        att.q_proj, att.k_proj, att.v_proj = _views(attn_mods, *qkv, qkv_bias)
+        mlp.gate_proj, mlp.up_proj = _views(mlp_mods, *gu, None)
+        att.o_proj = Int8Linear(
+            tensors[p + "self_attn.o_proj.qweight"], tensors[p + "self_attn.o_proj.scale"]
         )
-        gu_buf, (mlp.gate_proj, mlp.up_proj) = _views(
-            mlp_mods, tensors.pop(p + "gate_up.qweight"), gu_s, None
-        )
-        for name in ("self_attn.o_proj", "mlp.down_proj"):
-            m = _blocked(tensors.pop(p + name + ".qweight"), tensors[p + name + ".scale"])
-            setattr(att if name.startswith("self_attn") else mlp, name.split(".")[1], m)
-        layer.int8 = Int8Layer((qkv_buf, qkv_s), (gu_buf, gu_s))
+        mlp.down_proj = Int8Linear(tensors[p + "mlp.down_proj.qweight"], tensors[p + "mlp.down_proj.scale"])
+        layer.int8 = Int8Layer(qkv, gu)
     emb = base.embed_tokens
-    table, es = (
-        int8_blocks.block(tensors.pop("model.embed_tokens.qweight")),
-        tensors["model.embed_tokens.scale"],
-    )
-    base.embed_tokens = Int8Embedding(table, es, getattr(emb, "padding_idx", None))
+    eq, es = tensors["model.embed_tokens.qweight"], tensors["model.embed_tokens.scale"]
+    base.embed_tokens = Int8Embedding(eq, es, getattr(emb, "padding_idx", None))
     if "lm_head.qweight" in tensors:
-        model.lm_head = _blocked(tensors.pop("lm_head.qweight"), tensors["lm_head.scale"])
+        model.lm_head = Int8Linear(tensors["lm_head.qweight"], tensors["lm_head.scale"])
     else:
-        model.lm_head = Int8Linear(table, es)
+        model.lm_head = Int8Linear(eq, es)
     rest = {k: v for k, v in tensors.items() if k in dict(model.named_parameters())}
     model.load_state_dict(rest, strict=False, assign=True)
     base.rotary_emb = type(base.rotary_emb)(config)  # its buffers are computed, not stored
