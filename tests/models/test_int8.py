@@ -8,6 +8,7 @@ requests are refused in one line."""
 from __future__ import annotations
 
 import pytest
+import safetensors.torch
 import torch
 from reliability_problems import Words
 from same_results import assert_same
@@ -17,7 +18,7 @@ from treesearch.common.config import RKSCConfig, Sampling
 from treesearch.engine import decoder
 from treesearch.engine.local import Engine
 from treesearch.models import int8_blocks, quantize
-from treesearch.models.load import load_model, tiny_model
+from treesearch.models.load import int8_folder, load_model, tiny_model
 from treesearch.search.searcher import Searcher
 
 LABELS = [" sure", " likely", " impossible"]
@@ -173,6 +174,14 @@ def test_the_int8_copy_is_cached_on_disk_and_loads_back_the_same(tmp_path, monke
     second = load_model(str(folder), quantization="int8")
     assert capsys.readouterr().err == ""
     assert quantize.is_quantized(second.model)
+    # stored in the kernel's blocks, in a folder whose name says so (a plain-layout cache is not read)
+    cached = int8_folder(folder)
+    assert cached.parent.name == "int8-b16" and (cached / "model.safetensors").exists()
+    saved = safetensors.torch.load_file(str(cached / "model.safetensors"))
+    assert all(t.dim() == 3 and t.shape[2] == 16 for k, t in saved.items() if k.endswith("qweight"))
+    with pytest.raises(ValueError, match="not in blocks of 16 channels; delete the int8 cache"):
+        saved["model.layers.0.qkv.qweight"] = torch.zeros(8, 4, dtype=torch.int8)
+        quantize.from_state(second.model.config, saved)
     ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
     with torch.no_grad():
         assert torch.equal(first.model(ids).logits, second.model(ids).logits)
