@@ -478,12 +478,10 @@ def linear(
     scale: torch.Tensor,
     bias: torch.Tensor | None = None,
     other: torch.Tensor | None = None,
-    *,
-    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [rows, K] float32, weight W [N, K] int8 in blocks (`block`: [ceil(N/16), K, 16]), scale [N]
-    -> x (W * scale[:, None])^T (+ bias) (+ other [rows, N]) as float32 [rows, N], through the
-    kernel where it builds; out: as `float_linear`'s."""
+    """x [rows, K] float32, weight W [N, K] int8 in blocks (`int8_blocks.block`: [ceil(N/16), K,
+    16]), scale [N] -> x (W * scale[:, None])^T (+ bias) (+ other [rows, N]) as float32 [rows, N],
+    through the kernel where it builds."""
     n = scale.shape[0]
     if weight.dim() != 3 or weight.shape[0] != blocks(n) or weight.shape[2] != BLOCK:
         raise ValueError(
@@ -491,9 +489,8 @@ def linear(
         )
     dll = load()
     if dll is None:
-        y = _torch_linear(x, weight, scale, bias, other)
-        return y if out is None else out.copy_(y)
-    return _call(dll.ts_int8_linear, x, weight, n, scale, bias, other, out)
+        return _torch_linear(x, weight, scale, bias, other)
+    return _call(dll.ts_int8_linear, x, weight, n, scale, bias, other, None)
 
 
 def float_linear(
@@ -558,7 +555,7 @@ def _call(
 
 
 def rows(ids: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Rows ids (any shape) of the int8 table weight [V, K] (blocked, `block`) with per-row scale,
+    """Rows ids (any shape) of the int8 table weight [V, K] (blocked, `int8_blocks.block`) with per-row scale,
     as float32 [*ids.shape, K] (an embedding lookup that keeps no float32 copy of the table)."""
     flat = ids.reshape(-1).to(torch.int64).contiguous()
     k = weight.shape[1]
