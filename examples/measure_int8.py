@@ -77,7 +77,7 @@ def best_ms(fn, reps: int) -> float:
     return best * 1e3
 
 
-def _candidates(x, w, q, s, sb, qt, packed, rows: int) -> dict:
+def _candidates(x, w, q, qb, s, sb, qt, packed, rows: int) -> dict:
     """The products compared, each a call of no arguments over one layer's operands."""
     import torch
     import torch.nn.functional as F
@@ -94,7 +94,7 @@ def _candidates(x, w, q, s, sb, qt, packed, rows: int) -> dict:
         "float32 oneDNN packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
         "float32 F.linear": lambda: F.linear(x, w),
         "float32 kernel": lambda: int8_kernel.float_linear(x, w),
-        "int8 kernel": lambda: int8_kernel.linear(x, q, s),
+        "int8 kernel": lambda: int8_kernel.linear(x, qb, s),
         "_weight_int8pack_mm bf16": lambda: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), q, sb),
         "_int_mm per-row int8": int_mm,
     }
@@ -105,7 +105,7 @@ def kernels(rows_list: list[int]) -> None:
     packed for oneDNN (what the fast decode step runs): one JSON line per batch size."""
     import torch
 
-    from treesearch.models import quantize
+    from treesearch.models import int8_blocks, quantize
 
     for rows in rows_list:
         ms: dict[str, float] = {}
@@ -115,7 +115,8 @@ def kernels(rows_list: list[int]) -> None:
             x, qt, sb = torch.randn(rows, k), q.t().contiguous(), s.bfloat16()
             packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)
 
-            candidates = _candidates(x, w, q, s, sb, qt, packed, rows)
+            qb = int8_blocks.block(q)  # the kernel's layout (`treesearch.models.quantize` holds it)
+            candidates = _candidates(x, w, q, qb, s, sb, qt, packed, rows)
             for name, fn in candidates.items():
                 ms[name] = ms.get(name, 0.0) + best_ms(fn, 2 if "_int_mm" in name else 10)
         base = ms["float32 oneDNN packed"]

@@ -16,7 +16,7 @@ from treesearch.common.config import RKSCConfig, Sampling
 from treesearch.engine import decoder, linear
 from treesearch.engine.linear import FloatLinear, Linear
 from treesearch.engine.local import Engine
-from treesearch.models import int8_kernel, quantize
+from treesearch.models import int8_blocks, int8_kernel, quantize
 from treesearch.models.load import load_model, tiny_model
 
 EPS = 1e-5
@@ -51,6 +51,32 @@ def float_projs(w: dict) -> tuple[FloatLinear, ...]:
     return qkv, FloatLinear([(w["o"], 1.0, None)]), gate_up, FloatLinear([(w["down"], 1.0, None)])
 
 
+def int8_projs(w: dict) -> tuple[tuple[Linear, ...], dict]:
+    """The layer's projections as int8 `Linear`s (each matrix quantized and blocked: q/k/v and
+    gate/up parts of any size, so padded blocks), and w with each matrix replaced by its dequantized
+    value (the float64 reference's weights)."""
+    deq, blocked = dict(w), {}
+    for name in ("q", "k", "v", "o", "gate", "up", "down"):
+        q, s = quantize.quantize_rows(w[name])
+        deq[name] = q.float() * s[:, None]
+        blocked[name] = (int8_blocks.block(q), s)
+
+    def part(name, scale=1.0, b=None):
+        wb, s = blocked[name]
+        return wb, s * scale, None if b is None else b * scale
+
+    qkv = Linear(
+        [part("q", w["scale"], w["qb"]), part("k", b=w["kb"]), part("v", b=w["vb"])], in_scale=w["ln1"]
+    )
+    gate_up = Linear([part("gate"), part("up")], in_scale=w["ln2"])
+    return (qkv, Linear([part("o")]), gate_up, Linear([part("down")])), deq
+
+
+def projs(w: dict, precision: str) -> tuple[tuple, dict]:
+    """(qkv, o, gate_up, down) at precision, and the weights their float64 reference multiplies."""
+    return (float_projs(w), w) if precision == "float32" else int8_projs(w)
+
+
 def rope(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin' (sin with its first half negated) at n random positions, [n, d] each."""
     pos = torch.randint(0, 2000, (n, 1), generator=torch.Generator().manual_seed(seed)).double()
@@ -65,13 +91,13 @@ def rms(x: torch.Tensor, ln: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + EPS) * ln
 
 
-def run_attn_in(fn, x, qkv: FloatLinear, cos, sin, heads, hkv, d, threads):
+def run_attn_in(fn, x, qkv: FloatLinear | Linear, cos, sin, heads, hkv, d, threads):
     rows = x.shape[0]
     p = qkv.proj()
     k, v = torch.zeros(rows, hkv, d), torch.zeros(rows, hkv, d)
     q = torch.empty(rows, heads * d)
     xs, buf = torch.empty_like(x), torch.empty(rows, qkv.out_features)
-    fn.ts_f32_attn_in(
+    getattr(fn, "ts_int8_attn_in" if isinstance(qkv, Linear) else "ts_f32_attn_in")(
         x.data_ptr(), rows, qkv.in_scale.data_ptr(), EPS, int8_kernel.ctypes.addressof(p),
         cos.data_ptr(), sin.data_ptr(), heads, hkv, d,
         k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
@@ -86,7 +112,7 @@ def run_mlp(fn, x, attn, o, gate_up, down, threads):
     po, pgu, pd = o.proj(), gate_up.proj(), down.proj()
     addr = int8_kernel.ctypes.addressof
     xs, gu, h = torch.empty_like(x), torch.empty(rows, 2 * inter), torch.empty(rows, inter)
-    fn.ts_f32_mlp(
+    getattr(fn, "ts_int8_mlp" if isinstance(o, Linear) else "ts_f32_mlp")(
         x.data_ptr(), attn.data_ptr(), rows, addr(po), gate_up.in_scale.data_ptr(), EPS, addr(pgu),
         addr(pd), xs.data_ptr(), gu.data_ptr(), h.data_ptr(), threads,
     )  # fmt: skip
@@ -103,12 +129,12 @@ SHAPES = st.tuples(
 )
 
 
+@pytest.mark.parametrize("precision", ["float32", "int8"])
 @settings(max_examples=40, deadline=None)
 @given(shape=SHAPES, threads=st.sampled_from([1, 2, 3]))
-def test_the_layer_calls_equal_their_float64_reference(kernel, shape, threads):
+def test_the_layer_calls_equal_their_float64_reference(kernel, precision, shape, threads):
     rows, (heads, hkv, d), dim, inter, seed, bias = shape
-    w = layer_weights(dim, heads, hkv, d, inter, seed, bias)
-    qkv, o, gate_up, down = float_projs(w)
+    (qkv, o, gate_up, down), w = projs(layer_weights(dim, heads, hkv, d, inter, seed, bias), precision)
     x = torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed + 1))
     cos, sin = rope(rows, d, seed)
     q, k, v = run_attn_in(kernel, x, qkv, cos, sin, heads, hkv, d, threads)
@@ -135,14 +161,14 @@ def test_the_layer_calls_equal_their_float64_reference(kernel, shape, threads):
     assert torch.allclose(y.double(), r + h @ w["down"].double().T, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("precision", ["float32", "int8"])
 @settings(max_examples=15, deadline=None)
-@given(rows=st.integers(2, 9), seed=st.integers(0, 2**16))
+@given(rows=st.integers(2, 19), seed=st.integers(0, 2**16))
 def test_a_rows_layer_results_are_the_same_bits_alone_beside_others_and_at_any_thread_count(
-    kernel, rows, seed
+    kernel, precision, rows, seed
 ):
     heads, hkv, d, dim, inter = 4, 2, 16, 48, 40
-    w = layer_weights(dim, heads, hkv, d, inter, seed, True)
-    qkv, o, gate_up, down = float_projs(w)
+    (qkv, o, gate_up, down), _ = projs(layer_weights(dim, heads, hkv, d, inter, seed, True), precision)
     g = torch.Generator().manual_seed(seed)
     x, attn = torch.randn(rows, dim, generator=g), torch.randn(rows, heads * d, generator=g)
     cos, sin = rope(rows, d, seed)

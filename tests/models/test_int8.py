@@ -1,7 +1,6 @@
-"""int8 weights (`treesearch.models.quantize`, `treesearch.models.int8_kernel`): the kernel equals a
-float64 product of the dequantized weights, and a row's result is bit for bit the same alone, with
-up to 15 other rows, and at any thread count; a quantized model keeps no float32 matrix, its fast
-decode step reads the modules' own int8 storage and decodes as its layers do; the project's
+"""int8 weights (`treesearch.models.quantize`; the kernel itself: test_int8_kernel.py): a quantized
+model keeps no float32 matrix and each int8 matrix once, blocked; its fast decode step reads the
+modules' own int8 storage and decodes as its layers do; the project's
 invariants hold within int8 (exact sharing equals --kv off, a search in solve_many equals it alone,
 the same seed gives the same tree); the int8 copy is cached on disk and loads back the same; bad
 requests are refused in one line."""
@@ -9,9 +8,8 @@ requests are refused in one line."""
 from __future__ import annotations
 
 import pytest
+import safetensors.torch
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from reliability_problems import Words
 from same_results import assert_same
 
@@ -19,8 +17,8 @@ from strategies import BFS
 from treesearch.common.config import RKSCConfig, Sampling
 from treesearch.engine import decoder
 from treesearch.engine.local import Engine
-from treesearch.models import int8_kernel, quantize
-from treesearch.models.load import load_model, tiny_model
+from treesearch.models import int8_blocks, quantize
+from treesearch.models.load import int8_folder, load_model, tiny_model
 from treesearch.search.searcher import Searcher
 
 LABELS = [" sure", " likely", " impossible"]
@@ -68,13 +66,6 @@ def assert_sharing_equals_off(lm, prompts, sampling, score_prompts=None):
     assert st_ex.reused_tokens > 0  # the comparison exercised the shared path
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    if int8_kernel.load() is None:
-        pytest.skip(f"the int8 kernel is {int8_kernel.reason()}")
-    return int8_kernel
-
-
 @pytest.fixture(scope="module", params=["llama", "qwen2-own-head", "qwen2-tied"])
 def int8_lm(request):
     """The tiny Llama, and the tiny Qwen2 with its own LM head and tied, quantized to int8."""
@@ -88,79 +79,6 @@ def int8_lm(request):
 @pytest.fixture(scope="module")
 def tiny_int8():
     return load_model("tiny", quantization="int8")
-
-
-def operands(rows: int, k: int, n: int, seed: int, bias: bool, other: bool):
-    g = torch.Generator().manual_seed(seed)
-    w, s = quantize.quantize_rows(torch.randn(n, k, generator=g))
-    x = torch.randn(rows, k, generator=g)
-    b = torch.randn(n, generator=g) if bias else None
-    o = torch.randn(rows, n, generator=g) if other else None
-    return x, w, s, b, o
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    rows=st.integers(1, 17),
-    k=st.integers(1, 80),
-    n=st.integers(1, 40),
-    seed=st.integers(0, 2**16),
-    bias=st.booleans(),
-    other=st.booleans(),
-    threads=st.integers(1, 3),
-)
-def test_the_kernel_equals_the_float64_product_of_the_dequantized_weights(
-    kernel, rows, k, n, seed, bias, other, threads
-):
-    x, w, s, b, o = operands(rows, k, n, seed, bias, other)
-    torch.set_num_threads(threads)
-    try:
-        y = kernel.linear(x, w, s, b, o)
-    finally:
-        torch.set_num_threads(1)
-    ref = x.double() @ (w.double() * s.double()[:, None]).T
-    if b is not None:
-        ref += b.double()
-    if o is not None:
-        ref += o.double()
-    assert y.dtype == torch.float32 and y.shape == (rows, n)
-    assert (y.double() - ref).abs().max().item() <= 1e-5 * (1 + ref.abs().max().item()) * k**0.5
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    batch=st.integers(2, 16),
-    k=st.sampled_from([1, 7, 8, 15, 16, 33, 64, 200]),
-    n=st.integers(1, 40),
-    seed=st.integers(0, 2**16),
-    bias=st.booleans(),
-    other=st.booleans(),
-    threads=st.integers(1, 3),
-)
-def test_a_rows_result_is_the_same_bits_alone_with_other_rows_and_at_any_thread_count(
-    kernel, batch, k, n, seed, bias, other, threads
-):
-    x, w, s, b, o = operands(batch, k, n, seed, bias, other)
-    together = kernel.linear(x, w, s, b, o)
-    torch.set_num_threads(threads)
-    try:
-        for r in range(batch):
-            alone = kernel.linear(x[r : r + 1], w, s, b, None if o is None else o[r : r + 1])
-            assert torch.equal(alone[0], together[r])
-    finally:
-        torch.set_num_threads(1)
-    # a strided view of the rows (the decoder hands in column slices) gives the same bits
-    wide = torch.cat([x, torch.randn(batch, 3)], dim=1)[:, :k]
-    assert torch.equal(kernel.linear(wide, w, s, b, o), together)
-
-
-def test_the_torch_path_computes_what_the_kernel_does(kernel, monkeypatch):
-    x, w, s, b, o = operands(5, 70, 2100, 3, True, True)  # more channels than one fallback block
-    y = kernel.linear(x, w, s, b, o)
-    monkeypatch.setattr(int8_kernel, "load", lambda: None)
-    assert torch.allclose(int8_kernel.linear(x, w, s, b, o), y, atol=1e-4)
-    ids = torch.tensor([[3, 0], [2, 2]])
-    assert torch.equal(int8_kernel.rows(ids, w, s), (w.float() * s[:, None])[ids])
 
 
 def test_quantize_rows_round_trips_within_half_a_step():
@@ -178,13 +96,19 @@ def test_a_quantized_model_keeps_no_float32_matrix_and_the_decoder_reads_its_int
     tensors = [*m.parameters(), *m.buffers()]
     assert all(t.dim() < 2 or t.dtype == torch.int8 for t in tensors)  # norms, biases, scales: vectors
     assert not any(isinstance(mod, torch.nn.Linear) for mod in m.modules())
+    assert all(t.dim() != 2 for t in tensors if t.dtype == torch.int8)  # every matrix blocked [N/16, K, 16]
     dec = decoder.decoder_for(m)
-    att, mlp = m.model.layers[0].self_attn, m.model.layers[0].mlp
+    att, mlp, fused = m.model.layers[0].self_attn, m.model.layers[0].mlp, m.model.layers[0].int8
     layer = dec.layers[0]
-    assert layer.qkv.w.data_ptr() == att.q_proj.qweight.data_ptr()  # the fused matrix's first rows
-    assert att.k_proj.qweight.data_ptr() == layer.qkv.w[att.q_proj.out_features :].data_ptr()
-    assert layer.gate_up.w.data_ptr() == mlp.gate_proj.qweight.data_ptr()
-    assert layer.down.w is mlp.down_proj.qweight and dec.head.w is m.lm_head.qweight
+    nq = int8_blocks.blocks(att.q_proj.out_features)
+    assert [w.data_ptr() for w in layer.qkv.ws] == [
+        p.qweight.data_ptr() for p in (att.q_proj, att.k_proj, att.v_proj)
+    ]
+    assert att.q_proj.qweight.data_ptr() == fused.qkv.data_ptr()  # the fused buffer's first blocks
+    assert att.k_proj.qweight.data_ptr() == fused.qkv[nq:].data_ptr()
+    assert layer.gate_up.ws[1].data_ptr() == mlp.up_proj.qweight.data_ptr()
+    assert mlp.gate_proj.qweight.data_ptr() == fused.gate_up.data_ptr()
+    assert layer.down.ws[0] is mlp.down_proj.qweight and dec.head.ws[0] is m.lm_head.qweight
     tied = m.config.tie_word_embeddings
     assert (m.lm_head.qweight is m.model.embed_tokens.qweight) == tied
 
@@ -250,6 +174,14 @@ def test_the_int8_copy_is_cached_on_disk_and_loads_back_the_same(tmp_path, monke
     second = load_model(str(folder), quantization="int8")
     assert capsys.readouterr().err == ""
     assert quantize.is_quantized(second.model)
+    # stored in the kernel's blocks, in a folder whose name says so (a plain-layout cache is not read)
+    cached = int8_folder(folder)
+    assert cached.parent.name == "int8-b16" and (cached / "model.safetensors").exists()
+    saved = safetensors.torch.load_file(str(cached / "model.safetensors"))
+    assert all(t.dim() == 3 and t.shape[2] == 16 for k, t in saved.items() if k.endswith("qweight"))
+    with pytest.raises(ValueError, match="not in blocks of 16 channels; delete the int8 cache"):
+        saved["model.layers.0.qkv.qweight"] = torch.zeros(8, 4, dtype=torch.int8)
+        quantize.from_state(second.model.config, saved)
     ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
     with torch.no_grad():
         assert torch.equal(first.model(ids).logits, second.model(ids).logits)
@@ -343,4 +275,5 @@ def test_an_early_exit_reads_the_labels_rows_of_the_int8_head(int8_lm):
     assert [s.layers_run for s in early] == [2] * 2
     head = int8_lm.model.lm_head
     idx = torch.tensor([3, 7])
-    assert torch.equal(head.weight_rows(idx), head.qweight[idx].float() * head.scale[idx, None])
+    plain = int8_blocks.unblock(head.qweight, head.out_features)
+    assert torch.equal(head.weight_rows(idx), plain[idx].float() * head.scale[idx, None])

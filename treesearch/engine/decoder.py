@@ -156,22 +156,25 @@ class Layer:
         self.inter = mlp.gate_proj.weight.shape[0]
 
     def _int8(self, layer: Any) -> None:
-        """The int8 layer (`treesearch.models.quantize.Int8Layer`): the fused q/k/v and gate/up
-        int8 matrices shared with the model's modules; the attention scale goes into q's channel
-        scales (and bias), the norms' weights are applied to the input (`Linear.in_scale`)."""
-        att, mlp, packed = layer.self_attn, layer.mlp, layer.int8
-        nq = att.q_proj.out_features
-        scale = packed.qkv_scale.clone()
-        scale[:nq] *= att.scaling
-        bias = None
-        if att.q_proj.bias is not None:
-            bias = torch.cat([att.q_proj.bias * att.scaling, att.k_proj.bias, att.v_proj.bias])
+        """The int8 layer (`treesearch.models.quantize.Int8Layer`): q/k/v and gate/up read from the
+        modules' views of the layer's fused int8 buffers (one kernel call each); the attention
+        scale goes into q's channel scales (and bias), the norms' weights are applied to the input
+        (`Linear.in_scale`)."""
+        att, mlp = layer.self_attn, layer.mlp
+        q, k, v = att.q_proj, att.k_proj, att.v_proj
+        qb = None if q.bias is None else q.bias * att.scaling
         ln1 = layer.input_layernorm.weight.detach()
         ln2 = layer.post_attention_layernorm.weight.detach()
-        self.qkv = Linear(packed.qkv, bias, scale=scale, in_scale=ln1)
-        self.o = Linear(att.o_proj.qweight, scale=att.o_proj.scale)
-        self.gate_up = Linear(packed.gate_up, scale=packed.gate_up_scale, in_scale=ln2)
-        self.down = Linear(mlp.down_proj.qweight, scale=mlp.down_proj.scale)
+        qkv = [
+            (q.qweight, q.scale * att.scaling, qb),
+            (k.qweight, k.scale, k.bias),
+            (v.qweight, v.scale, v.bias),
+        ]
+        self.qkv = Linear(qkv, in_scale=ln1)
+        self.o = Linear([(att.o_proj.qweight, att.o_proj.scale, None)])
+        gu = [(m.qweight, m.scale, None) for m in (mlp.gate_proj, mlp.up_proj)]
+        self.gate_up = Linear(gu, in_scale=ln2)
+        self.down = Linear([(mlp.down_proj.qweight, mlp.down_proj.scale, None)])
         self.inter = mlp.gate_proj.out_features
 
 
@@ -196,7 +199,7 @@ class Decoder:
         if is_quantized(model):  # the int8 table (shared with the head when tied): rows made per lookup
             emb, head = base.embed_tokens, model.lm_head
             self.embed = emb.forward
-            self.head = Linear(head.qweight, scale=head.scale, in_scale=norm)
+            self.head = Linear([(head.qweight, head.scale, None)], in_scale=norm)
         else:
             weight = base.embed_tokens.weight.detach()
             self.embed = lambda ids: F.embedding(ids, weight)  # token ids -> rows

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -18,42 +20,44 @@ PACK_ROWS = 4  # oneDNN's batch-size hint for packing: 4 and 16 stream alike at 
 
 
 class Linear:
-    """y = x W^T (+ b) (+ other) for int8 W (with its scale per output channel,
-    `treesearch.models.quantize`): multiplied by the int8 kernel (`treesearch.models.int8_kernel`)
-    over the model's own int8 storage (no copy); in_scale: a vector each input row is multiplied by
-    first (the RMSNorm weight that float32 folds into W's columns, which int8 cannot without
-    quantizing a second copy). float32 weights: `FloatLinear`."""
+    """int8 projections side by side (q/k/v, gate/up, or one): y = [xs W_i^T s_i + b_i]_i (+ other),
+    xs = x * in_scale, each W_i int8 blocked with its scale per output channel s_i
+    (`treesearch.models.quantize`), multiplied by the int8 kernel (`treesearch.models.int8_kernel`)
+    over the model's own int8 storage (no copy) in one call; in_scale: a vector each input row is
+    multiplied by first (the RMSNorm weight that float32 folds into W's columns, which int8 cannot
+    without quantizing a second copy). float32 weights: `FloatLinear`."""
 
     def __init__(
         self,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None = None,
+        parts: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
         *,
-        scale: torch.Tensor | None = None,
         in_scale: torch.Tensor | None = None,
     ) -> None:
-        if weight.dtype != torch.int8 or scale is None:
+        if any(w.dtype != torch.int8 or s is None for w, s, _ in parts):
             raise ValueError(
-                "Linear takes an int8 weight with its scale per output channel (float32: FloatLinear)"
+                "Linear takes int8 weights, each with its scale per output channel (float32: FloatLinear)"
             )
-        self.out_features = weight.shape[0]
-        self.bias = None if bias is None else bias.detach().contiguous()
-        self.w, self.scale, self.in_scale = weight, scale, in_scale
+        self.ws = [w for w, _, _ in parts]
+        self.scales = [s.contiguous() for _, s, _ in parts]
+        self.biases = [None if b is None else b.detach().contiguous() for _, _, b in parts]
+        self.out_features = sum(s.shape[0] for s in self.scales)
+        self.in_scale = in_scale
+        self._proj = int8_kernel.proj(list(zip(self.ws, self.scales, self.biases)))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return int8_kernel.linear(self._scaled(x), self.w, self.scale, self.bias)
+        return int8_kernel.project(self._scaled(x), self._proj)
 
     def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """other + x W^T (+ b) in one kernel (the residual connection)."""
-        return int8_kernel.linear(self._scaled(x), self.w, self.scale, self.bias, other)
+        return int8_kernel.project(self._scaled(x), self._proj, other)
 
     def _scaled(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.in_scale is None else x * self.in_scale
 
     def proj(self) -> int8_kernel.Proj:
-        """This product for the compiled layer calls (`treesearch.engine.fused_step`); in_scale
+        """These products for the compiled layer calls (`treesearch.engine.fused_step`); in_scale
         goes to them apart, as the RMSNorm weight."""
-        return int8_kernel.proj([(self.w, self.scale, self.bias)])
+        return self._proj
 
 
 class FloatLinear:

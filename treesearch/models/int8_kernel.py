@@ -8,11 +8,15 @@ small C kernel compiled at first use (as `treesearch.engine.runs_kernel` is): ea
 widened to float32 in registers (AVX2 `cvtepi8_epi32` + `cvtepi32_ps`, 8 lanes, or AVX-512's 16
 where the CPU has AVX-512F/BW/VL) and multiplied into FMA accumulators.
 
+int8 weights are held in blocks of 16 output channels, k-major (`treesearch.models.int8_blocks`,
+with that product's C): channels in the lanes, each (row, channel) dot product one lane's FMA chain
+over k in order, then times the scale, plus the bias, plus other. float32 weights (`float_linear`)
+keep their row-major layout and the tiles below (K in the lanes, summed across them at the end).
+
 Batch invariance: a row's result never depends on the other rows of the call. Activations are not
 quantized, and each (row, channel) dot product accumulates in the same lanes in the same order
 whatever the number of rows, the tile it falls in, or the thread count (threads share out output
-channels; each channel's dot products are whole in one thread). The weights of a tile of channels
-are read from memory once per call and reused from cache for every row.
+channels; each channel's dot products are whole in one thread).
 
 Where no compiler works, or `TREESEARCH_INT8_KERNEL=0`, `linear()` dequantizes the weights in blocks
 of channels and calls torch's `F.linear` (correct, slower, and not batch invariant: oneDNN may sum
@@ -35,6 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from treesearch.models.int8_blocks import BLOCK, BLOCKED, blocks
 from treesearch.models.paths import cache_dir
 from treesearch.models.simd import VEC8
 
@@ -118,8 +123,8 @@ static void rms_norm(const float *x, int64_t K, const float *w, float eps, float
 """
 )
 
-# The product, instantiated once per weight type: T names it, WT is the C type, PF masks k so that the
-# next tile's weights are prefetched once per 64-byte line (64 int8 or 16 float32 values).
+# The float32 product over row-major weights (T f32, WT float; PF masks k so that the next tile's
+# weights are prefetched once per 64-byte line).
 _PRODUCT = string.Template(r"""
 /* Every (row, channel) dot product is: W lanes accumulated by FMA over k < K - K % W in order,
    summed across lanes (hsum), then the tail k >= K - K % W added one by one; then times the
@@ -221,9 +226,12 @@ static void proj_$T(const ts_proj *p, const float *x, int64_t ldx, int64_t rows,
     }
 }
 
-/* x [rows, K] (row stride ldx), w [N, K] row-major, scale [N] or NULL (1), bias [N] or NULL, other
-   [rows, N] (row stride ldo) or NULL, y [rows, N] (row stride ldy). Tiles of NB channels are
-   shared out over up to `threads` OpenMP threads. */
+""")
+
+_LAYER = string.Template(r"""
+/* x [rows, K] (row stride ldx), w [N, K] (float32: row-major; int8: blocked, [ceil(N/16)][K][16]),
+   scale [N] or NULL (1), bias [N] or NULL, other [rows, N] (row stride ldo) or NULL, y [rows, N]
+   (row stride ldy). Channels are shared out over up to `threads` OpenMP threads. */
 void ts_${T}_linear(const float *x, int64_t ldx, int64_t rows, int64_t K, const $WT *w,
                     const float *scale, const float *bias, const float *other, int64_t ldo, float *y,
                     int64_t ldy, int64_t N, int64_t threads) {
@@ -271,23 +279,12 @@ void ts_${T}_mlp(float *x, const float *attn, int64_t rows, const ts_proj *o, co
 }
 """)
 
-_ROWS = r"""
-/* Rows of an int8 table as float32 (an embedding lookup): out[i] = w[ids[i]] * scale[ids[i]]. */
-void ts_int8_rows(const int64_t *ids, int64_t n, const int8_t *w, const float *scale, int64_t K,
-                  float *out) {
-    for (int64_t i = 0; i < n; i++) {
-        const int8_t *src = w + ids[i] * K;
-        float s = scale[ids[i]];
-        for (int64_t k = 0; k < K; k++) out[i * K + k] = (float)src[k] * s;
-    }
-}
-"""
-
 SOURCE = (
     _HEAD
-    + _PRODUCT.substitute(T="int8", WT="int8_t", PF="63")
     + _PRODUCT.substitute(T="f32", WT="float", PF="15")
-    + _ROWS
+    + BLOCKED
+    + _LAYER.substitute(T="int8", WT="int8_t")
+    + _LAYER.substitute(T="f32", WT="float")
 )
 
 _I64 = ctypes.c_int64
@@ -347,6 +344,8 @@ def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
         fn = getattr(dll, name)
         fn.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64]
         fn.restype = None
+    dll.ts_int8_proj.argtypes = [_PTR, _PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _I64]
+    dll.ts_int8_proj.restype = None
     dll.ts_int8_rows.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _PTR]
     dll.ts_int8_rows.restype = None
     for t in ("int8", "f32"):
@@ -358,6 +357,19 @@ def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
         fn.argtypes = [_PTR, _PTR, _I64, _PTR, _PTR, _F32, _PTR, _PTR, _PTR, _PTR, _PTR, _I64]
         fn.restype = None
     return dll
+
+
+def build(which: str, cc: str | None = None) -> tuple[Any, bool]:
+    """The library built for variant which ("avx512" or "avx2", `variant`) by cc (default: $CC, cc
+    or gcc): (the loaded library, whether it has OpenMP). Raises OSError where it does not build.
+    `load` builds this CPU's variant; tests build both where the CPU runs both."""
+    cc = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise OSError("no C compiler found (set CC, or install gcc)")
+    try:
+        return _compile(cc, [*_cflags(which), "-fopenmp"]), True
+    except OSError:
+        return _compile(cc, _cflags(which)), False
 
 
 def load() -> Any:
@@ -377,10 +389,7 @@ def load() -> Any:
             )
         else:
             try:
-                try:
-                    dll, omp = _compile(cc, [*_cflags(which), "-fopenmp"]), True
-                except OSError:
-                    dll, omp = _compile(cc, _cflags(which)), False
+                dll, omp = build(which, cc)
                 _state["dll"] = dll
                 _state["reason"] = f"compiled ({which}{'' if omp else ', without OpenMP: one thread'})"
             except (OSError, subprocess.SubprocessError) as e:
@@ -413,7 +422,8 @@ class Proj(ctypes.Structure):
 
 def proj(parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]) -> Proj:
     """The `Proj` of up to three (weight, scale or None, bias or None) parts over the same inputs
-    (contiguous int8 or float32 weights, float32 scales and biases)."""
+    (contiguous float32 weights [n, K], or int8 ones blocked [ceil(n/16), K, 16] with their scale
+    [n]; float32 scales and biases)."""
     if not 1 <= len(parts) <= 3 or len({w.shape[1] for w, _, _ in parts}) != 1:
         raise ValueError("a projection is 1 to 3 weights over the same number of inputs")
     p = Proj(len(parts), parts[0][0].shape[1])
@@ -424,9 +434,36 @@ def proj(parts: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | Non
         p.w[i] = w.data_ptr()
         p.scale[i] = None if scale is None else scale.data_ptr()
         p.bias[i] = None if bias is None else bias.data_ptr()
-        p.n[i] = w.shape[0]
+        if w.dtype == torch.int8:
+            if scale is None or w.dim() != 3 or w.shape[0] != blocks(scale.shape[0]):
+                raise ValueError("an int8 part is a blocked weight [ceil(n/16), K, 16] with its scale [n]")
+            p.n[i] = scale.shape[0]
+        else:
+            p.n[i] = w.shape[0]
     p.keep = parts  # the addresses above stay valid as long as this Proj lives
     return p
+
+
+def project(x: torch.Tensor, p: Proj, other: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, K] -> [x W_i^T s_i + b_i]_i (+ other) [rows, sum n_i] for the int8 parts of p
+    (`proj`) side by side in one kernel call; through torch (`linear`'s path) where it does not
+    build."""
+    n = sum(p.n[i] for i in range(p.nparts))
+    if x.stride(1) != 1 or x.dtype != torch.float32:
+        x = x.contiguous().float()
+    if other is not None and (other.stride(1) != 1 or other.dtype != torch.float32):
+        other = other.contiguous().float()
+    dll = load()
+    if dll is None:
+        ys = [_torch_linear(x, w, s, b, None) for w, s, b in p.keep]
+        y = torch.cat(ys, dim=-1) if len(ys) > 1 else ys[0]
+        return y if other is None else y + other
+    y = torch.empty(x.shape[0], n)
+    if x.shape[0]:
+        o, ldo = (None, 0) if other is None else (other.data_ptr(), other.stride(0))
+        xp, ldx, yp, threads = x.data_ptr(), x.stride(0), y.data_ptr(), torch.get_num_threads()
+        dll.ts_int8_proj(ctypes.addressof(p), xp, ldx, x.shape[0], o, ldo, yp, n, threads)
+    return y
 
 
 def reason() -> str:
@@ -442,12 +479,18 @@ def linear(
     bias: torch.Tensor | None = None,
     other: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [rows, K] float32, weight [N, K] int8, scale [N] -> x (weight * scale[:, None])^T (+ bias)
-    (+ other [rows, N]) as float32 [rows, N], through the kernel where it builds."""
+    """x [rows, K] float32, weight W [N, K] int8 in blocks (`int8_blocks.block`: [ceil(N/16), K,
+    16]), scale [N] -> x (W * scale[:, None])^T (+ bias) (+ other [rows, N]) as float32 [rows, N],
+    through the kernel where it builds."""
+    n = scale.shape[0]
+    if weight.dim() != 3 or weight.shape[0] != blocks(n) or weight.shape[2] != BLOCK:
+        raise ValueError(
+            f"an int8 weight of {n} channels is blocked [{blocks(n)}, K, {BLOCK}], not {tuple(weight.shape)}"
+        )
     dll = load()
     if dll is None:
         return _torch_linear(x, weight, scale, bias, other)
-    return _call(dll.ts_int8_linear, x, weight, scale, bias, other, None)
+    return _call(dll.ts_int8_linear, x, weight, n, scale, bias, other, None)
 
 
 def float_linear(
@@ -470,20 +513,20 @@ def float_linear(
         y = y if bias is None else y + bias
         y = y if other is None else y + other
         return y if out is None else out.copy_(y)
-    return _call(dll.ts_f32_linear, x, weight, scale, bias, other, out)
+    return _call(dll.ts_f32_linear, x, weight, weight.shape[0], scale, bias, other, out)
 
 
 def _call(
     fn: Any,
     x: torch.Tensor,
     weight: torch.Tensor,
+    n: int,
     scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     other: torch.Tensor | None,
     out: torch.Tensor | None,
 ) -> torch.Tensor:
     rows, k = x.shape
-    n = weight.shape[0]
     if x.stride(1) != 1 or x.dtype != torch.float32:
         x = x.contiguous().float()
     if other is not None and (other.stride(1) != 1 or other.dtype != torch.float32):
@@ -512,13 +555,14 @@ def _call(
 
 
 def rows(ids: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Rows ids (any shape) of the int8 table weight [V, K] with per-row scale, as float32
-    [*ids.shape, K] (an embedding lookup that keeps no float32 copy of the table)."""
+    """Rows ids (any shape) of the int8 table weight [V, K] (blocked, `int8_blocks.block`) with per-row scale,
+    as float32 [*ids.shape, K] (an embedding lookup that keeps no float32 copy of the table)."""
     flat = ids.reshape(-1).to(torch.int64).contiguous()
     k = weight.shape[1]
     dll = load()
     if dll is None:
-        out = weight.index_select(0, flat).float() * scale.index_select(0, flat)[:, None]
+        picked = weight[flat // BLOCK, :, flat % BLOCK]  # [n, K]: each id's lane of its block
+        out = picked.float() * scale.index_select(0, flat)[:, None]
     else:
         out = torch.empty(flat.shape[0], k)
         dll.ts_int8_rows(
@@ -534,13 +578,16 @@ def _torch_linear(
     bias: torch.Tensor | None,
     other: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The kernel's result through torch: blocks of FALLBACK_BLOCK channels dequantized one at a
-    time (no float32 copy of the whole weight is kept)."""
+    """The kernel's result through torch: FALLBACK_BLOCK channels (FALLBACK_BLOCK / 16 blocks)
+    dequantized at a time (no float32 copy of the whole weight is kept)."""
     x = x.float()
-    n = weight.shape[0]
+    n = scale.shape[0]
     parts = []
-    for n0 in range(0, n, FALLBACK_BLOCK):
-        w = weight[n0 : n0 + FALLBACK_BLOCK].float() * scale[n0 : n0 + FALLBACK_BLOCK, None]
-        parts.append(F.linear(x, w, None if bias is None else bias[n0 : n0 + FALLBACK_BLOCK]))
+    step = FALLBACK_BLOCK // BLOCK
+    for b0 in range(0, weight.shape[0], step):
+        n0, n1 = b0 * BLOCK, min(n, (b0 + step) * BLOCK)
+        w = weight[b0 : b0 + step].transpose(1, 2).reshape(-1, weight.shape[1])[: n1 - n0]
+        w = w.float() * scale[n0:n1, None]
+        parts.append(F.linear(x, w, None if bias is None else bias[n0:n1]))
     y = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
     return y if other is None else y + other

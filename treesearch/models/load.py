@@ -263,15 +263,22 @@ def _from_folder(folder: str | Path, name: str, device: str, dtype: Any) -> Lang
     return wrap_model(model, tokenizer, name)
 
 
+# The int8 cache's layout on disk, in its folder's name: int8 matrices in blocks of 16 output
+# channels (`treesearch.models.int8_blocks`). A cache of another layout (the plain [N, K] one,
+# folders named NAME-int8) is never read as this one; change this with the layout.
+INT8_LAYOUT = "int8-b16"
+
+
 def int8_folder(folder: str | Path) -> Path:
-    """Where the int8 copy of a float32 model folder is cached: beside it (NAME-SIZE-int8) for the
-    folders treesearch converts, else under cache_dir()/models/int8/, named for the folder or id."""
+    """Where the int8 copy of a float32 model folder is cached: beside it (NAME-SIZE-int8-b16) for
+    the folders treesearch converts, else under cache_dir()/models/int8-b16/, named for the folder
+    or id."""
     src = Path(folder).expanduser()
     models = cache_dir() / "models"
     if src.parent == models:
-        return models / f"{src.name}-int8"
+        return models / f"{src.name}-{INT8_LAYOUT}"
     key = hashlib.sha256(str(src.resolve() if src.is_dir() else folder).encode()).hexdigest()[:12]
-    return models / "int8" / f"{re.sub(r'[^A-Za-z0-9._-]', '_', src.name)}-{key}"
+    return models / INT8_LAYOUT / f"{re.sub(r'[^A-Za-z0-9._-]', '_', src.name)}-{key}"
 
 
 def _from_int8_folder(folder: str | Path, name: str, device: str, dtype: Any) -> LanguageModel:

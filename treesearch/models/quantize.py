@@ -7,11 +7,20 @@ left for speed on a CPU, and the weights are most of a model's resident memory.
 
 How: `quantize(model)` replaces the transformers modules' `nn.Linear`s by `Int8Linear` and the
 embedding by `Int8Embedding` (in place). Each attention's q/k/v and each MLP's gate/up are packed
-once into one fused int8 matrix (`Int8Layer`: its `qkv`, `gate_up`), and the per-projection modules
-hold row views of it, so the transformers layers (prefill, scoring) and the fast decode step
-(`treesearch.engine.decoder`, which multiplies the fused matrices) read the same bytes. A tied LM
-head and embedding share one int8 table (a token's embedding row is the head's output channel, so
-one scale per row serves both). `save`/`load_quantized` keep the result on disk as safetensors.
+once into one int8 buffer (`Int8Layer`: its `qkv`, `gate_up`), and the per-projection modules
+hold views of it, so the transformers layers (prefill, scoring) and the fast decode step
+(`treesearch.engine.decoder`) read the same bytes. A tied LM head and embedding share one int8
+table (a token's embedding row is the head's output channel, so one scale per row serves both).
+
+Layout: every int8 matrix [N, K] is held in the kernel's blocks of 16 output channels, k-major
+(`int8_blocks.block`: [ceil(N/16), K, 16], channels past N zero), and in no other layout; a fused
+buffer is its parts' blocks one after another (each part padded to whole blocks), so each part's
+blocks are a slice of it. On disk (`state`, `from_state`, safetensors) the matrices are stored
+blocked too, so a load uses the file's tensors as they are (safetensors maps the file: nothing is
+copied, and pages are read as the weights are first used). Blocking plain matrices at load was
+measured instead: it copies every matrix while the file's pages stay mapped, and the 0.5B's load
+peaked at 1,794 MB resident instead of 575. So the cache folder's name carries the layout
+(`treesearch.models.load.int8_folder`), and a cache of the earlier plain layout is never read.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from treesearch.models import int8_kernel
+from treesearch.models import int8_blocks, int8_kernel
 
 MODEL_TYPES = ("llama", "qwen2")
 QUANTIZATIONS = ("float32", "int8")
@@ -38,7 +47,8 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Linear(nn.Module):
-    """y = x (W s)^T (+ b), W int8 [out, in], s float32 [out] (`treesearch.models.int8_kernel`)."""
+    """y = x (W s)^T (+ b), W int8 [out, in] blocked (`int8_blocks.block`: qweight [ceil(out/16),
+    in, 16]), s float32 [out] (`treesearch.models.int8_kernel`)."""
 
     qweight: torch.Tensor
     scale: torch.Tensor
@@ -46,7 +56,7 @@ class Int8Linear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.in_features, self.out_features = weight.shape[1], scale.shape[0]
         self.register_buffer("qweight", weight, persistent=False)
         self.register_buffer("scale", scale, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().float(), persistent=False)
@@ -65,14 +75,15 @@ class Int8Linear(nn.Module):
 
 
 class Int8Embedding(nn.Module):
-    """Token embedding from an int8 table [V, D] with a scale per row (dequantized per lookup)."""
+    """Token embedding from an int8 table [V, D] (blocked, `int8_blocks.block`) with a scale per row
+    (dequantized per lookup)."""
 
     qweight: torch.Tensor
     scale: torch.Tensor
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, padding_idx: int | None = None) -> None:
         super().__init__()
-        self.num_embeddings, self.embedding_dim = weight.shape
+        self.num_embeddings, self.embedding_dim = scale.shape[0], weight.shape[1]
         self.padding_idx = padding_idx
         self.register_buffer("qweight", weight, persistent=False)
         self.register_buffer("scale", scale, persistent=False)
@@ -82,8 +93,8 @@ class Int8Embedding(nn.Module):
 
 
 class Int8Layer:
-    """A decoder layer's fused int8 matrices (q/k/v rows, then gate/up rows), kept on the layer
-    (`layer.int8`) for the fast decode step; the projections' modules hold views of them."""
+    """A decoder layer's fused int8 buffers (q/k/v's blocks, then gate/up's) with their scales, kept
+    on the layer (`layer.int8`); the projections' modules hold views of them."""
 
     def __init__(self, qkv: tuple[torch.Tensor, torch.Tensor], gate_up: tuple[torch.Tensor, torch.Tensor]):
         self.qkv, self.qkv_scale = qkv
@@ -121,16 +132,32 @@ def _fused(mods: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 def _views(
-    mods: list[nn.Linear], q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None
+    mods: list[nn.Linear], buffer: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None
 ) -> list[Int8Linear]:
-    """One `Int8Linear` per module over its rows of the fused (q, s, bias)."""
-    out, r = [], 0
+    """One `Int8Linear` per module over its blocks of the fused buffer (each module's blocks after
+    the previous one's) and its rows of the fused scale s and bias."""
+    if buffer.dim() != 3 or buffer.shape[0] != sum(int8_blocks.blocks(m.out_features) for m in mods):
+        raise ValueError(
+            f"a fused int8 matrix of shape {tuple(buffer.shape)} is not in blocks of 16 channels; "
+            "delete the int8 cache to convert anew"
+        )
+    out, r, b0 = [], 0, 0
     for m in mods:
-        n = m.out_features
+        n, nb = m.out_features, int8_blocks.blocks(m.out_features)
         b = None if m.bias is None or bias is None else bias[r : r + n]
-        out.append(Int8Linear(q[r : r + n], s[r : r + n], b))
-        r += n
+        out.append(Int8Linear(buffer[b0 : b0 + nb], s[r : r + n], b))
+        r, b0 = r + n, b0 + nb
     return out
+
+
+def _fused_buffer(mods: list[nn.Linear], q: torch.Tensor) -> torch.Tensor:
+    """The plain fused rows q [sum N, K] of mods as one buffer of each module's blocks in turn."""
+    return torch.cat([int8_blocks.block(part) for part in q.split([m.out_features for m in mods])])
+
+
+def _blocked(q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+    """An `Int8Linear` of a plain int8 matrix [N, K] (blocked here)."""
+    return Int8Linear(int8_blocks.block(q), s, bias)
 
 
 @torch.no_grad()
@@ -142,13 +169,13 @@ def quantize(model: Any) -> Any:
         att, mlp = layer.self_attn, layer.mlp
         attn_mods = [att.q_proj, att.k_proj, att.v_proj]
         mlp_mods = [mlp.gate_proj, mlp.up_proj]
-        qkv = _fused(attn_mods)
-        gu = _fused(mlp_mods)
-        att.q_proj, att.k_proj, att.v_proj = _views(attn_mods, *qkv)
-        mlp.gate_proj, mlp.up_proj = _views(mlp_mods, *gu)
-        att.o_proj = Int8Linear(*quantize_rows(att.o_proj.weight))
-        mlp.down_proj = Int8Linear(*quantize_rows(mlp.down_proj.weight))
-        layer.int8 = Int8Layer(qkv[:2], gu[:2])
+        (q, qs, qb), (g, gs, _) = _fused(attn_mods), _fused(mlp_mods)
+        qkv_buf, gu_buf = _fused_buffer(attn_mods, q), _fused_buffer(mlp_mods, g)
+        att.q_proj, att.k_proj, att.v_proj = _views(attn_mods, qkv_buf, qs, qb)
+        mlp.gate_proj, mlp.up_proj = _views(mlp_mods, gu_buf, gs, None)
+        att.o_proj = _blocked(*quantize_rows(att.o_proj.weight))
+        mlp.down_proj = _blocked(*quantize_rows(mlp.down_proj.weight))
+        layer.int8 = Int8Layer((qkv_buf, qs), (gu_buf, gs))
     _quantize_ends(model)
     return model
 
@@ -159,17 +186,19 @@ def _quantize_ends(model: Any) -> None:
     emb = base.embed_tokens
     tied = model.lm_head.weight is emb.weight or bool(getattr(model.config, "tie_word_embeddings", False))
     eq, es = quantize_rows(emb.weight)
-    base.embed_tokens = Int8Embedding(eq, es, getattr(emb, "padding_idx", None))
+    table = int8_blocks.block(eq)
+    base.embed_tokens = Int8Embedding(table, es, getattr(emb, "padding_idx", None))
     if tied:
-        model.lm_head = Int8Linear(eq, es)
+        model.lm_head = Int8Linear(table, es)
     else:
-        model.lm_head = Int8Linear(*quantize_rows(model.lm_head.weight))
+        model.lm_head = _blocked(*quantize_rows(model.lm_head.weight))
     model.treesearch_quantization = "int8"
 
 
 def state(model: Any) -> dict[str, torch.Tensor]:
-    """What `save` writes: the fused int8 matrices and scales, o/down, embedding and head, and every
-    float32 tensor left (norms, q/k/v biases), each under its own name (no shared storage)."""
+    """What `save` writes: the fused int8 buffers and scales, o/down, embedding and head, every int8
+    matrix blocked as held (see the module doc), and every float32 tensor left (norms, q/k/v
+    biases), each under its own name (no shared storage)."""
     out: dict[str, torch.Tensor] = {}
     base = model.model
     for i, layer in enumerate(base.layers):
@@ -194,7 +223,8 @@ def state(model: Any) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def from_state(config: Any, tensors: dict[str, torch.Tensor]) -> Any:
     """A model built from config with the int8 weights of `state` (no float32 weights are made:
-    the skeleton is built on the meta device and every tensor is assigned from tensors)."""
+    the skeleton is built on the meta device and every tensor is assigned from tensors, the int8
+    matrices blocked as `state` wrote them)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
