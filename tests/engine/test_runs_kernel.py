@@ -64,7 +64,10 @@ def test_the_kernel_equals_the_float64_softmax_over_joint_part_and_runs(
         got = out.clone()
         table.attend(kernel, layer, q, got, lse, threads)
         want = reference(q, out, lse, runs, layer)
-        assert (got.double() - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+        # float32 rounds a score s by about |s| 2^-24 and the exponent turns that into the same
+        # relative error of its weight: the bound grows with the scores' scale, spread^2
+        scale = max(1.0, spread**2 / 16)
+        assert (got.double() - want).abs().max().item() <= 1e-5 * scale * max(1.0, want.abs().max().item())
 
 
 LAYERS = 3
