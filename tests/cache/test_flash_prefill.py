@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treesearch.cache.attention import BatchKV, _flash_mask
+from treesearch.cache.attention import BatchKV, flash_mask
 
 NEEDS_KERNEL = pytest.mark.skipif(
     not hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"),
@@ -30,12 +30,12 @@ def _mask(valid: list[list[bool]], write: int, n: int) -> torch.Tensor:
 
 
 def test_a_full_first_chunk_runs_plain_causal():
-    assert _flash_mask(_mask([[True] * 5, [True] * 5], 0, 5), 0, torch.float32) is True
+    assert flash_mask(_mask([[True] * 5, [True] * 5], 0, 5), 0, torch.float32) is True
 
 
 def test_padded_rows_get_minus_infinity_exactly_where_a_key_is_hidden():
     mask = _mask([[True] * 4, [True, True, False, False]], 0, 4)
-    how = _flash_mask(mask, 0, torch.float32)
+    how = flash_mask(mask, 0, torch.float32)
     assert isinstance(how, torch.Tensor) and how.shape == (2, 1, 4, 4) and how.dtype == torch.float32
     assert torch.equal(how[:, 0] == float("-inf"), ~mask)
     assert torch.equal(how[:, 0][mask], torch.zeros(int(mask.sum())))
@@ -44,15 +44,15 @@ def test_padded_rows_get_minus_infinity_exactly_where_a_key_is_hidden():
 def test_a_chunk_that_continues_a_prefill_is_masked_not_causal():
     """Queries at buffer positions 3..5 see keys 0..their own: not the kernel's top-left causal."""
     mask = _mask([[True] * 6], 3, 3)
-    how = _flash_mask(mask, 3, torch.float32)
+    how = flash_mask(mask, 3, torch.float32)
     assert isinstance(how, torch.Tensor)
     assert (how[0, 0] == 0).sum(-1).tolist() == [4, 5, 6]
 
 
 def test_one_query_a_row_or_a_query_with_no_key_takes_the_matmul_path():
-    assert _flash_mask(_mask([[True] * 4], 3, 1), 3, torch.float32) is False
+    assert flash_mask(_mask([[True] * 4], 3, 1), 3, torch.float32) is False
     no_key = _mask([[True] * 3, [False] * 3], 0, 3)  # row 1 has nothing new in this chunk
-    assert _flash_mask(no_key, 0, torch.float32) is False
+    assert flash_mask(no_key, 0, torch.float32) is False
 
 
 def _attend(flash: bool, seed: int, heads: int, hkv: int, lens: list[int], write: int, runs: int):

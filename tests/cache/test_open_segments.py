@@ -2,8 +2,8 @@
 the store from admission, sealed in place when it ends, closed when it is preempted (no model).
 
 Exact tests on a tiny store (4-token blocks of 8 bytes a token), then a property test: after any
-sequence of admit / grow / seal / preempt, `bytes_held` is the sum of what every segment holds and
-nothing pinned or open was evicted."""
+sequence of admit / fill (a row's prompt written, then sealed in place) / grow / seal / preempt,
+`bytes_held` is the sum of what every segment holds and nothing pinned or open was evicted."""
 
 from __future__ import annotations
 
@@ -109,46 +109,67 @@ def test_a_sealed_segment_is_evictable_like_any_other():
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.sampled_from(["admit", "grow", "write", "seal", "preempt"]), st.integers(0, 7)),
+        st.tuples(
+            st.sampled_from(["admit", "fill", "prompt", "grow", "write", "seal", "preempt"]),
+            st.integers(0, 7),
+        ),
         max_size=40,
     )
 )
-def test_after_any_admit_grow_seal_preempt_bytes_held_is_what_the_segments_hold(ops):
-    """Rows (open segment lists under a chain end) are admitted, grow a segment at a time, write,
-    end (sealed) or are preempted (closed), under a budget: bytes_held always equals the sum of
-    every segment's bytes, nothing pinned (a row's chain end) or open is evicted."""
+def test_after_any_admit_fill_grow_seal_preempt_bytes_held_is_what_the_segments_hold(ops):
+    """Rows are admitted under a chain end with a fill (an open segment for their prompt), write
+    their prompt into it, have it sealed in place when it is full (it then continues their chain
+    end, pinned; where it cannot be sealed they keep it open), grow decode segments a segment at a
+    time, write, end (decode segments sealed) or are preempted (open segments closed, the sealed
+    prompt stays, unpinned), under a budget: bytes_held always equals the sum of every segment's
+    bytes, a sealed fill keeps its storage, nothing pinned or open is evicted."""
     store = KVStore(bytes_per_token=BPT, block_size=BS, budget=12 * BLOCK)
     base, _ = store.insert([], [100, 101, 102, 103, 104], kv(5))
-    rows: list[tuple[tuple, list]] = []  # (chain end, open segments)
+    rows: list[dict] = []  # end: chain end (pinned); fill: open prompt segment; segs: decode segments
     fresh = iter(range(1000, 100000))
     for op, k in ops:
         if op == "admit":
             end = (base, 1 + k % 5) if base.kv is not None else (store.root, 0)
-            seg = store.open(1 + k, kv)
-            if seg is not None:
+            fill = store.open(1 + k, kv)
+            if fill is not None:
                 store.pin(end[0].context_chain(end[1]))
-                rows.append((end, [seg]))
+                rows.append({"end": end, "fill": fill, "segs": []})
+        elif op == "fill" and rows:
+            fill = rows[k % len(rows)]["fill"]
+            if fill is not None and fill.used < fill.kv.shape[3]:
+                write(fill, min(1 + k, fill.kv.shape[3] - fill.used))
+        elif op == "prompt" and rows:
+            row = rows[k % len(rows)]
+            fill = row["fill"]
+            if fill is not None and fill.used == fill.kv.shape[3]:
+                ptr, n = fill.kv.data_ptr(), fill.used
+                end = store.seal([fill], row["end"], [next(fresh) for _ in range(n)])
+                if end is not None:  # else the row goes on reading its fill, closed when it ends
+                    assert end == (fill, n) and fill.kv.data_ptr() == ptr  # sealed where it is
+                    store.pin([end])
+                    row["end"], row["fill"] = end, None
         elif op in ("grow", "write") and rows:
-            end, segs = rows[k % len(rows)]
+            segs = rows[k % len(rows)]["segs"]
             if op == "grow":
                 seg = store.open(1 + k, kv)
                 if seg is not None:
                     segs.append(seg)
-            elif segs[-1].used < segs[-1].kv.shape[3]:
+            elif segs and segs[-1].used < segs[-1].kv.shape[3]:
                 write(segs[-1], 1)
         elif op in ("seal", "preempt") and rows:
-            end, segs = rows.pop(k % len(rows))
+            row = rows.pop(k % len(rows))
+            end, fill, segs = row["end"], row["fill"], row["segs"]
             n = sum(s.used for s in segs)
-            if op == "seal" and n:
-                if store.seal(segs, end, [next(fresh) for _ in range(n)]) is None:
-                    for s in segs:
-                        store.close(s)
-            else:
+            sealed = op == "seal" and fill is None and n
+            if not sealed or store.seal(segs, end, [next(fresh) for _ in range(n)]) is None:
                 for s in segs:
                     store.close(s)
+            if fill is not None:
+                store.close(fill)
             store.unpin(end[0].context_chain(end[1]))
-        for _, segs in rows:
-            assert all(s.id in store.open_segments and s.kv is not None for s in segs)
+        for row in rows:
+            own = ([row["fill"]] if row["fill"] is not None else []) + row["segs"]
+            assert all(s.id in store.open_segments and s.kv is not None for s in own)
         for s in store.segments.values():
             assert s.pins == 0 or s.resident, f"pinned segment {s.id} was evicted"
         every = [*store.segments.values(), *store.open_segments.values()]

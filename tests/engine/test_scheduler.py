@@ -77,22 +77,25 @@ def test_a_row_is_admitted_only_with_room_for_its_token_of_the_decode_steps_buff
 @pytest.mark.parametrize(
     ("room", "shapes", "runs_seen"),
     [
-        # unbounded: the 6 prompt tokens and 16 fed tokens copied into one open segment with room
-        # for 16 more (38), then 6 + 32 into one with room for the 7 left to feed (45)
-        (None, [(1, 16), (1, 38), (1, 45)], {1, 2}),
-        (71, [(1, 16), (1, 38), (2, 7)], {1, 2}),  # free room for the first copy beside the old only
-        (48, [(1, 16), (2, 16), (3, 7)], {2, 3, 4}),  # room for no copy: a block at a time
+        # unbounded: the 16 fed tokens copied into one open segment with room for 16 more (32), then
+        # 32 into one with room for the 7 left to feed (39); the prompt, sealed in the tree when it
+        # was in, is read from the row's chain (before, its 6-token part was folded in: 38, 45)
+        (None, [(1, 16), (1, 32), (1, 39)], {1}),
+        (71, [(1, 16), (1, 32), (2, 7)], {1, 2}),  # free room for the first copy beside the old only
+        # room for no copy: a block at a time. 58, not 48 as before: the sealed prompt's 6 tokens
+        # count a whole block (16) while the row reads it; at 48 the row now preempts itself once
+        (58, [(1, 16), (2, 16), (3, 7)], {1, 2, 3}),
     ],
 )
 def test_a_growing_row_keeps_its_own_kv_in_one_chunk_where_the_budget_has_room_for_the_copy(
     tiny_lm, alone, room, shapes, runs_seen
 ):
-    """A full row's own K/V (its prompt part, its cohort's only reader, and its open segments in
-    the store) is copied into one open segment with room for a block more (at most what it has
-    left to feed), so a decode step reads it as one run; a budget without free room for the copy
-    beside the old (a copy evicts nothing) grows it by a block. The tokens are the same either way. shapes:
-    (open segments, capacity of the last) seen over the running row's steps; runs_seen: how many
-    runs its own K/V was read as."""
+    """A full row's decode chunks (open segments in the store) are copied into one open segment
+    with room for a block more (at most what it has left to feed), so a decode step reads its
+    generated K/V as one run; a budget without free room for the copy beside the old (a copy evicts
+    nothing) grows it by a block. The tokens are the same either way. shapes: (open segments,
+    capacity of the last) seen over the running row's steps; runs_seen: how many runs its own K/V
+    was read as."""
     assert len(Engine(tiny_lm).tokenize(PROMPTS[0])) == 6
     budget = None if room is None else (6 + room) * tiny_lm.kv_bytes_per_token
     eng = Engine(tiny_lm, RKSCConfig(cache_budget=budget))

@@ -62,65 +62,30 @@ class BatchKV:
         return 2 * self.k.numel() * self.k.element_size()
 
     def set_prefixes(self, prefixes: list[Prefix]) -> None:
-        """Group rows by the cached K/V runs they attend over: prefixes[b] is row b's list of
-        (kv [L, 2, Hkv, n, d], used) pairs, in context order; a run shared by several rows (the
-        same tensor and length) is read once for all of them."""
-        by_key: dict[tuple[int, int], tuple[torch.Tensor, int, list[int]]] = {}
-        for row, prefix in enumerate(prefixes):
-            for kv, used in prefix:
-                assert kv is not None, "a prefix's K/V is missing: make it resident before attending"
-                by_key.setdefault((id(kv), used), (kv, used, []))[2].append(row)
-        b = len(prefixes)
-        self.groups = [
-            (kv, used, None if len(rows) == b else torch.tensor(rows, dtype=torch.long, device=self.k.device))
-            for kv, used, rows in by_key.values()
-        ]
+        """Group rows by the cached K/V runs they attend over (`group_prefixes`)."""
+        self.groups = group_prefixes(prefixes, self.k.device)
 
     def begin(self, write_pos: int, new_valid: torch.Tensor) -> None:
         """Prepare a forward whose n new tokens per row go to buffer positions write_pos..write_pos+n."""
         n = new_valid.shape[1]
         self.valid[:, write_pos : write_pos + n] = new_valid
         self._write, self._n = write_pos, n
-        t = write_pos + n
-        keys = self.valid[:, :t]  # [B, T]
-        if n > 1:
-            qpos = write_pos + torch.arange(n, device=self.k.device)
-            causal = torch.arange(t, device=self.k.device)[None, :] <= qpos[:, None]  # [n, T]
-            mask = keys[:, None, :] & causal[None]  # [B, n, T]
-        else:
-            mask = keys[:, None, :]
-        self._mask = mask
+        self._mask = causal_mask(self.valid[:, : write_pos + n], write_pos, n)
         self._flash = None  # made at the forward's first layer
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float
     ) -> torch.Tensor:
         """q [B, H, n, d], k/v [B, Hkv, n, d] (new tokens, RoPE applied) -> output [B, n, H, d]."""
-        bsz, heads, n, d = q.shape
-        hkv = k.shape[1]
-        g = heads // hkv
+        n = q.shape[2]
         w, t = self._write, self._write + n
         self.k[layer, :, :, w:t] = k
         self.v[layer, :, :, w:t] = v
-        qg = q.reshape(bsz, hkv, g * n, d)  # head h uses kv head h // g
         assert self._mask is not None, "begin() sets the mask before a forward"
         if self._flash is None:
-            self._flash = _flash_mask(self._mask, w, q.dtype)
-        if self._flash is not False:
-            out, lse = _flash_buffer(
-                q, self.k[layer, :, :, :t], self.v[layer, :, :, :t], self._flash, scaling
-            )
-        else:
-            mask = self._mask[:, None, None].expand(bsz, 1, g, n, t).reshape(bsz, 1, g * n, t)
-            scores = torch.matmul(qg, self.k[layer, :, :, :t].transpose(-1, -2)) * scaling  # [B, Hkv, gn, T]
-            scores = scores.masked_fill(~mask, float("-inf"))
-            lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [B, Hkv, gn, 1]
-            out = torch.matmul(torch.exp(scores - lse), self.v[layer, :, :, :t])  # [B, Hkv, gn, d]
-        for kv, used, rows in self.groups:
-            out, lse = _merge_prefix(
-                qg, out, lse, kv[layer, 0, :, :used], kv[layer, 1, :, :used], rows, scaling
-            )
-        return out.reshape(bsz, heads, n, d).transpose(1, 2)
+            self._flash = flash_mask(self._mask, w, q.dtype)
+        ks, vs = self.k[layer, :, :, :t], self.v[layer, :, :, :t]
+        return attend_chunk(q, ks, vs, self._mask, self._flash, self.groups, layer, scaling)
 
     def select(self, keep: list[int]) -> None:
         """Keep only these rows (in this order): used when rows finish generating."""
@@ -159,7 +124,66 @@ class BatchKV:
         return torch.stack((self.k[:, row, :, start:end], self.v[:, row, :, start:end]), dim=1).clone()
 
 
-def _flash_mask(mask: torch.Tensor, write: int, dtype: torch.dtype) -> torch.Tensor | bool:
+Groups = list[tuple[Any, int, "torch.Tensor | None"]]  # (run kv, used, rows reading it; None: all)
+
+
+def group_prefixes(prefixes: list[Prefix], device: Any) -> Groups:
+    """Group rows by the cached K/V runs they attend over: prefixes[b] is row b's list of
+    (kv [L, 2, Hkv, n, d], used) pairs, in context order; a run shared by several rows (the
+    same tensor and length) is read once for all of them."""
+    by_key: dict[tuple[int, int], tuple[torch.Tensor, int, list[int]]] = {}
+    for row, prefix in enumerate(prefixes):
+        for kv, used in prefix:
+            assert kv is not None, "a prefix's K/V is missing: make it resident before attending"
+            by_key.setdefault((id(kv), used), (kv, used, []))[2].append(row)
+    b = len(prefixes)
+    return [
+        (kv, used, None if len(rows) == b else torch.tensor(rows, dtype=torch.long, device=device))
+        for kv, used, rows in by_key.values()
+    ]
+
+
+def causal_mask(keys: torch.Tensor, write_pos: int, n: int) -> torch.Tensor:
+    """Which keys each of n new queries per row sees: keys [B, T] (valid buffer positions, the
+    new ones at write_pos..write_pos+n) -> [B, n, T], causal among the new."""
+    t = keys.shape[1]
+    if n == 1:
+        return keys[:, None, :]
+    qpos = write_pos + torch.arange(n, device=keys.device)
+    causal = torch.arange(t, device=keys.device)[None, :] <= qpos[:, None]  # [n, T]
+    return keys[:, None, :] & causal[None]  # [B, n, T]
+
+
+def attend_chunk(
+    q: torch.Tensor,
+    ks: torch.Tensor,
+    vs: torch.Tensor,
+    mask: torch.Tensor,
+    flash: torch.Tensor | bool,
+    groups: Groups,
+    layer: int,
+    scaling: float,
+) -> torch.Tensor:
+    """q [B, H, n, d] over a chunk's own keys ks/vs [B, Hkv, T, d] (mask [B, n, T]; flash:
+    `flash_mask`'s answer) and then each group's cached run, merged exactly -> [B, n, H, d]."""
+    bsz, heads, n, d = q.shape
+    hkv, t = ks.shape[1], ks.shape[2]
+    g = heads // hkv
+    qg = q.reshape(bsz, hkv, g * n, d)  # head h uses kv head h // g
+    if flash is not False:
+        out, lse = _flash_buffer(q, ks, vs, flash, scaling)
+    else:
+        m = mask[:, None, None].expand(bsz, 1, g, n, t).reshape(bsz, 1, g * n, t)
+        scores = torch.matmul(qg, ks.transpose(-1, -2)) * scaling  # [B, Hkv, gn, T]
+        scores = scores.masked_fill(~m, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [B, Hkv, gn, 1]
+        out = torch.matmul(torch.exp(scores - lse), vs)  # [B, Hkv, gn, d]
+    for kv, used, rows in groups:
+        out, lse = _merge_prefix(qg, out, lse, kv[layer, 0, :, :used], kv[layer, 1, :, :used], rows, scaling)
+    return out.reshape(bsz, heads, n, d).transpose(1, 2)
+
+
+def flash_mask(mask: torch.Tensor, write: int, dtype: torch.dtype) -> torch.Tensor | bool:
     """How a chunk of n > 1 queries per row reads the buffer through SDPA's CPU flash kernel:
     True for plain causal (every key valid and the chunk starts the buffer: the kernel skips the
     blocks above the diagonal), else the additive mask [B, 1, n, T] (0 or -inf); False (the

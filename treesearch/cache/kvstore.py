@@ -42,9 +42,11 @@ Protocol (enforced here with asserts naming the segment; relied on by the engine
 8. Open segments: a running row's own K/V lives in segments it owns in this store from admission
    (`open`: a buffer of `capacity` tokens, counted in `bytes_held` at exactly its bytes, outside
    the token tree: no lookup matches tokens whose K/V is still being written, no eviction reaches
-   it). The row writes into it (`Segment.used`); when it ends its open segments are `seal`ed where
-   they are, joining the tree as ordinary segments (no copy; a buffer whose blocks outnumber its
-   tokens' is trimmed), or `close`d (preemption, a row whose K/V is not kept): their bytes go.
+   it). The row writes into them (`Segment.used`): its prompt's K/V into one (its fill, written
+   by the prefill forwards, `seal`ed when the prompt is in), its generated K/V into others
+   (`seal`ed when it ends). Sealed, they join the tree as ordinary segments where they are (no
+   copy; a buffer whose blocks outnumber its tokens' is trimmed); `close`d (preemption, a row
+   whose K/V is not kept), their bytes go.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ per search, the prompt contexts that ran through each segment, so that when a se
 cache keeps what its prompts and the live searches' prompts use (few-shot templates) and forgets
 the rest (`end_search`).
 
-Budget rules (see `treesearch.cache.kvstore` and `treesearch.policies.rsbcm`): the budget bounds all K/V, the
-running batch's own buffer included (`reserve`: a batch is counted before it is allocated). A call
+Budget rules (see `treesearch.cache.kvstore` and `treesearch.policies.rsbcm`): the budget bounds all K/V,
+running rows' open segments and forwards' own buffers included (`reserve`: a batch is counted
+before it is allocated). A call
 first checks that the budget can hold any one row's context and buffer, and a root prompt's
 blocks with it (else `CacheBudgetError` naming the minimum, before any forward); `plan`
 then splits the rows into batches that fit, and a batch that still finds too little room when it
@@ -290,18 +291,26 @@ class CacheManager:
         return True, keep
 
     def seal_kv(
-        self, ids: list[int], start: int, segs: list[Segment], *, charge: Stats | None = None
+        self,
+        ids: list[int],
+        start: int,
+        segs: list[Segment],
+        *,
+        free_only: bool = True,
+        charge: Stats | None = None,
     ) -> Handle | None:
         """Cache, where they are, a running row's open segments holding the K/V of ids[start:]
-        (K/V computed in passing: `store_kv` with free_only), pinned for the rest of the call.
-        None, nothing changed, where `store_kv` would keep less than all of it, or the store holds
-        some of it already: the caller then stores a copy."""
+        (a row's prompt as it comes in, its generated K/V as it ends), pinned for the rest of the
+        call. The tree is the one `store_kv(..., free_only=free_only)` makes (K/V computed in
+        passing takes only room no owner holds): None, nothing changed, where `store_kv` would
+        keep less than all of it, or the store holds some of it already; the caller then stores
+        a copy, or keeps reading its own segments."""
         store = self.store
         chain, m = store.lookup(ids)
         if m != start or any(u > s.resident_len for s, u in chain):
             return None
         self.pin(chain)  # read by this step (as `store_kv` pins it)
-        cached, keep = self._room_for(ids, start, chain, m, True)
+        cached, keep = self._room_for(ids, start, chain, m, free_only)
         if not cached or (keep is not None and keep < len(ids) - m):
             return None
         end = store.seal(segs, chain[-1] if chain else (store.root, 0), ids[start:])

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from treesearch.cache.attention import BatchKV
+from treesearch.cache.direct_kv import DirectKV
 from treesearch.engine import attend_kernel, runs_kernel
 from treesearch.engine.attend_kernel import StepRuns
 from treesearch.engine.fused_step import FusedLayers
@@ -300,7 +301,11 @@ class Decoder:
 
     @torch.no_grad()
     def layer_rows(
-        self, layer: int, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: BatchKV
+        self,
+        layer: int,
+        h: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        batch: BatchKV | DirectKV,
     ) -> torch.Tensor:
         """One decoder layer over a chunk of n tokens per row (prefill, scoring): the packed
         products over all B n rows at once, RoPE, and the batch's own attention (its buffer,

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from treesearch.cache.attention import BatchKV, Prefix
+from treesearch.cache.direct_kv import DirectKV, Sink
 from treesearch.common.config import Sampling
 from treesearch.common.stats import Stats, distinct
 from treesearch.engine.decoder import decoder_for, qualifies
@@ -117,11 +118,45 @@ class Forward:
         lm = self.lm
         if self.decoder is not None and self.decoder.stale(lm.model):  # a weight changed in place
             self.decoder = decoder_for(lm.model)
+        lens = [len(t) for t in news]
+        batch = BatchKV(
+            lm.num_layers, len(news), lm.num_kv_heads, lm.head_dim, max(lens) + extra, lm.dtype, lm.device
+        )
+        batch.set_prefixes(prefixes)
+        result = self._chunk(batch, news, starts, want_logits, exit_rule, exits, label_ids, capture)
+        self._count(charge, lens, t0)
+        return batch, result
+
+    def prefill_into(
+        self,
+        prefixes: list[Prefix],
+        news: list[list[int]],
+        starts: list[int],
+        sinks: list[Sink],
+        charge: Sequence[Stats],
+    ) -> torch.Tensor:
+        """`prefill` of each row's new tokens over its prefix, writing their K/V straight into the
+        row's own tensor (sinks[b]: kv [L, 2, Hkv, cap, d] and the position its first new token
+        goes to: a generate row's open segment) instead of a batch buffer (`DirectKV`). Returns the
+        last-position logits [B, V]."""
+        t0 = time.perf_counter()
+        lm = self.lm
+        if self.decoder is not None and self.decoder.stale(lm.model):  # a weight changed in place
+            self.decoder = decoder_for(lm.model)
+        lens = [len(t) for t in news]
+        batch = DirectKV(sinks, lens, lm.device)
+        batch.set_prefixes(prefixes)
+        logits = self._chunk(batch, news, starts, True, None, None, None, None)
+        self._count(charge, lens, t0)
+        return logits
+
+    def _chunk(self, batch, news, starts, want_logits, exit_rule, exits, label_ids, capture) -> Any:
+        """Run each row's new tokens (padded to the longest) at positions starts[b].. through the
+        layers over `batch`; `layers`' result."""
+        lm = self.lm
         bsz = len(news)
         lens = [len(t) for t in news]
         nmax = max(lens)
-        batch = BatchKV(lm.num_layers, bsz, lm.num_kv_heads, lm.head_dim, nmax + extra, lm.dtype, lm.device)
-        batch.set_prefixes(prefixes)
         pad = lm.tokenizer.pad_token_id or 0
         ids = torch.full((bsz, nmax), pad, dtype=torch.long)
         for b, t in enumerate(news):
@@ -131,7 +166,7 @@ class Forward:
         pos = torch.tensor(starts)[:, None] + ar[None, :]
         batch.begin(0, valid.to(lm.device))
         last = torch.tensor([n - 1 for n in lens])
-        result = self.layers(
+        return self.layers(
             ids.to(lm.device),
             pos.to(lm.device),
             batch,
@@ -142,13 +177,15 @@ class Forward:
             label_ids=label_ids,
             capture=capture,
         )
+
+    def _count(self, charge: Sequence[Stats], lens: list[int], t0: float) -> None:
+        """A prefill forward's work: a model call per search, its tokens per row, its time."""
         for st in distinct(charge):
             st.model_calls += 1
         for st, n in zip(charge, lens):
             st.prefill_tokens += n
         self.busy_s += time.perf_counter() - t0
         self.forwards += 1
-        return batch, result
 
     def step(
         self, batch: BatchKV, toks: list[int], positions: list[int], write_pos: int, charge: Sequence[Stats]
@@ -188,7 +225,7 @@ class Forward:
         self,
         ids,
         pos,
-        batch: BatchKV,
+        batch: BatchKV | DirectKV,
         last,
         want_logits: bool,
         *,
@@ -237,6 +274,7 @@ class Forward:
                         h, pos, last = h[idx], pos[idx], last[idx]
                         pe = (pe[0][idx], pe[1][idx])
                         rows = torch.arange(len(keep), device=h.device)
+                        assert isinstance(batch, BatchKV), "per-row exits run on a batch buffer"
                         batch.select(keep)
                 elif verdict:
                     return probs, i + 1

@@ -1,7 +1,8 @@
 """The K/V a running generate row holds, against the budget: admission (its chain pinned and
-resident, its uncached context and step token reserved, its first open segment in the store), a
-bigger open segment as it generates, sealing them in place when it ends, the preemption order,
-and giving it all back (`treesearch.engine.scheduler` decides when)."""
+resident, its fill and first decode chunk open segments in the store, its token of a decode
+step reserved), its fill sealed in place when its prompt is in, a bigger open segment as it
+generates, sealing them in place when it ends, the preemption order, and giving it all back
+(`treesearch.engine.scheduler` decides when)."""
 
 from __future__ import annotations
 
@@ -23,16 +24,17 @@ class RowMemory:
         self.lm = runner.lm
 
     def hold(self, g: GenRow, p: Row) -> bool:
-        """Pin and make resident the row's chain and hold its own K/V: every uncached token of
-        its context (prefilled now or in later steps; reserved), its first open segment (a
-        decode block, in the store) and its token of a decode step's buffer (reserved), so an
-        admitted row can always take its next step (a row admitted into the last free bytes and
-        then unable to step would preempt itself, be readmitted the same way, and never progress).
-        False: no room (the store says so before any of the chain is recomputed)."""
+        """Pin and make resident the row's chain and hold its own K/V: its fill (an open segment
+        of every uncached token of its context, prefilled now or in later steps), its first
+        decode chunk (an open segment of a block) and its token of a decode step's buffer
+        (reserved), so an admitted row can always take its next step (a row admitted into the
+        last free bytes and then unable to step would preempt itself, be readmitted the same
+        way, and never progress). False: no room (the store says so before any of the chain is
+        recomputed)."""
         cache = self.cache
         store = cache.store
         bpt = store.bytes_per_token
-        new = len(p.ids) - p.matched
+        new = len(p.ids) - p.matched  # at least 1: a lookup leaves a token to compute
         first = self.chunk_tokens(g)
         need = (new + first + 1) * bpt
         if not store.fits(need, [p.chain]):  # what running rows read leaves too little room: wait
@@ -44,10 +46,11 @@ class RowMemory:
         except CacheBudgetError:
             store.unpin(p.chain)
             return False
-        cache.unreserve(first * bpt)  # reserved with the rest, held from here on by its open segment
+        cache.unreserve((new + first) * bpt)  # reserved with the rest, held from here on by its open segments
+        fill = store.open(new, self.chunk, evict=False)
         seg = store.open(first, self.chunk, evict=False) if first else None
-        assert seg is not None or not first, "the room just reserved holds the open segment"
-        g.plan, g.pinned, g.filled, g.fill_bytes = p, p.chain, 0, new * bpt
+        assert fill is not None and (seg is not None or not first), "the room just reserved holds them"
+        g.plan, g.pinned, g.filled, g.fill = p, p.chain, 0, fill
         g.chunks, g.step_bytes = ([seg] if seg is not None else []), bpt
         return True
 
@@ -57,29 +60,22 @@ class RowMemory:
         return max(0, min(self.cache.store.block_size, left))
 
     def regrow(self, g: GenRow) -> bool:
-        """Replace a full row's open segments with one that holds their tokens and room for a block
-        more, and take its prompt parts in too where it is the last row reading their cohorts (whose
-        buffers then go): its own K/V stays one or two runs, so a step's attention reads it in one
-        or two products per layer, not one per part and block. Copying costs a few MB over a
-        row's life, and only the step that copies holds old and new at once. False, nothing
-        changed, when the budget has no free room for the copy (the row then grows by a block,
-        which may evict)."""
+        """Replace a full row's decode chunks with one open segment that holds their tokens and
+        room for a block more: its generated K/V stays one run, so a step's attention reads it in
+        one product per layer, not one per block. Copying costs a few MB over a row's life, and
+        only the step that copies holds old and new at once. False, nothing changed, when the
+        budget has no free room for the copy (the row then grows by a block, which may evict)."""
         extra = self.chunk_tokens(g)  # a block, or what is left of its fed tokens
         if not g.chunks or extra <= 0:
             return False
-        last = all(cohort.live == 1 for cohort, _, _ in g.parts)  # else the parts stay where they are
-        runs = g.own_runs() if last else [(s.kv, s.used) for s in g.chunks]
         store = self.cache.store
-        new = store.open(sum(n for _, n in runs) + extra, self.chunk, evict=False)
+        new = store.open(sum(s.used for s in g.chunks) + extra, self.chunk, evict=False)
         if new is None:
             return False  # only in free room: a copy is worth no cached block's eviction
-        for kv, n in runs:
-            new.kv[:, :, :, new.used : new.used + n] = kv[:, :, :, :n]
-            new.used += n
         for seg in g.chunks:
+            new.kv[:, :, :, new.used : new.used + seg.used] = seg.kv[:, :, :, : seg.used]
+            new.used += seg.used
             store.close(seg)
-        if last:
-            self._leave_cohorts(g)
         g.chunks = [new]
         return True
 
@@ -96,26 +92,15 @@ class RowMemory:
         return (self.cache.owner_omega(g.owner), -g.order)
 
     def free(self, g: GenRow) -> None:
-        """Give back an admitted row's K/V: what it reserved and has not prefilled yet, its open
-        segments (closed; a row that ended had them sealed first), each cohort's buffer with the
-        last row of it, its pins."""
+        """Give back an admitted row's K/V: its token of the decode step, its open segments
+        (closed; what was sealed stays in the tree, evictable once unpinned), its pins."""
         cache = self.cache
-        cache.unreserve(g.fill_bytes + g.step_bytes)
-        for seg in g.chunks:
+        cache.unreserve(g.step_bytes)
+        for seg in ([g.fill] if g.fill is not None else []) + g.chunks:
             cache.store.close(seg)
-        g.chunks, g.fill_bytes, g.step_bytes, g.filled = [], 0, 0, 0
-        self._leave_cohorts(g)
+        g.fill, g.chunks, g.step_bytes, g.filled = None, [], 0, 0
         cache.store.unpin(g.pinned)
         g.pinned = []
-
-    def _leave_cohorts(self, g: GenRow) -> None:
-        """The row no longer reads its prompt parts: each cohort's buffer goes with its last row."""
-        for cohort, _, _ in g.parts:
-            cohort.live -= 1
-            if cohort.live == 0:
-                self.cache.unreserve(cohort.nbytes)
-                cohort.batch = None
-        g.parts = []
 
     def no_room(self, g: GenRow) -> CacheBudgetError:
         store = self.cache.store
@@ -126,25 +111,47 @@ class RowMemory:
             "raise --cache-budget or run fewer searches at once"
         )
 
+    def seal_prompt(self, g: GenRow) -> Handle | None:
+        """A row's context is fully prefilled: seal its fill into the tree where it is (no copy),
+        when the store may keep all of it as `store_kv` would (a protected owner's prompt may
+        evict owned K/V for that, the rest only what no owner holds), and pin it for the row,
+        which reads it from its chain from here on. Returns where its context ends in the tree,
+        or None, nothing changed (the fill stays the row's own run), where it cannot be sealed:
+        the tree holds some of these tokens already (a row of the same step sealed them first),
+        or the budget has no such room."""
+        p, fill = g.plan, g.fill
+        assert p is not None and fill is not None and fill.used == len(p.ids) - p.matched
+        end = self.cache.seal_kv(p.ids, p.matched, [fill], free_only=not p.must_store, charge=g.stats)
+        if end is None:
+            return None
+        self.cache.store.pin([end])
+        g.pinned, g.fill = [*g.pinned, end], None
+        return end
+
     def store_prompt(self, g: GenRow) -> Handle:
-        """Cache a generate row's new prompt K/V (a protected owner's must stay cached; the rest only
-        where it displaces nothing owned); returns where the prompt ends. The row keeps reading its
-        own parts: pinning the cached copy for it would keep optional K/V from being evicted."""
+        """Cache a first admission's prompt: sealed in place (`seal_prompt`), else, where the tree
+        holds part of it or a copy would keep only its first blocks, a copy of what `store_kv`
+        keeps (the row goes on reading its fill); count it for its search and hold a protected
+        owner's."""
         r = g.plan
         assert r is not None
-        kv = g.prompt_kv()
-        try:
-            end = self.cache.store_kv(r.ids, r.matched, kv, free_only=not r.must_store, charge=r.stats)
-        except CacheBudgetError:  # no room beside the running rows: kept as tokens, recomputed if needed
-            end = self.cache.store_kv(r.ids, r.matched, kv, free_only=True, charge=r.stats)
+        end = self.seal_prompt(g)
+        if end is None:
+            assert g.fill is not None
+            kv = g.fill.kv[:, :, :, : g.fill.used]
+            try:
+                end = self.cache.store_kv(r.ids, r.matched, kv, free_only=not r.must_store, charge=r.stats)
+            except CacheBudgetError:  # no room beside the running rows: kept as tokens, recomputed if needed
+                end = self.cache.store_kv(r.ids, r.matched, kv, free_only=True, charge=r.stats)
         self.cache.count_prompt(end, r.search)
         self.cache.hold_prompt(end, g.owner)
         return end
 
     def seal(self, g: GenRow, ctx: list[int], start: int) -> Handle | None:
-        """An ending row whose open segments hold exactly the K/V of ctx[start:]: cache it where
-        it is (`CacheManager.seal_kv`); None where that cannot be done without a copy."""
-        if sum(s.used for s in g.chunks) != len(ctx) - start:  # its parts hold some of them
+        """An ending row whose decode chunks hold exactly the K/V of ctx[start:] (its fill, if
+        unsealed, none of them): cache it where it is (`CacheManager.seal_kv`); None where that
+        cannot be done without a copy."""
+        if sum(s.used for s in g.chunks) != len(ctx) - start:
             return None
         end = self.cache.seal_kv(ctx, start, g.chunks, charge=g.stats)
         if end is not None:

@@ -1,14 +1,14 @@
 """The work items the scheduler (`treesearch.engine.scheduler`) runs: a call of one search, its
 generate rows while they run (tokens so far, own sampler, own K/V) and its score rows.
 
-A generate row's own K/V: its prompt parts (the rows prefilled in one forward, a cohort, share one
-`BatchKV`, the one staging buffer, counted against the budget until its last row leaves; row b's
-part is a prefix run read in place; a long prompt is prefilled in several parts, one per step)
-and, from admission, its open segments in the store (`treesearch.cache.kvstore`, note 8), which
-its decode steps write (`RowMemory.regrow` copies them, with its parts where it is their cohort's
-last reader, into one) and which are sealed where they are when it ends. So a row that joins a
-running batch later attends over its cached chain, then its prompt parts, then its open
-segments, exactly the context it would have alone.
+A generate row's own K/V lives in the store (`treesearch.cache.kvstore`, note 8) from admission:
+its *fill*, an open segment of its uncached context tokens, which the prefill forwards write in
+place (a long prompt over several steps, each step's part after the last) and which is sealed into
+the token tree where it is when the prompt is in (then it is part of the chain the row pins and
+reads); and its decode chunks, open segments its decode steps write (`RowMemory.regrow` copies
+them into one), sealed where they are when it ends. So a row that joins a running batch later
+attends over its cached chain (its sealed prompt included), then its unsealed fill, then its
+decode chunks, exactly the context it would have alone.
 """
 
 from __future__ import annotations
@@ -53,15 +53,6 @@ class Call:
 
 
 @dataclass(eq=False)
-class Cohort:
-    """The rows prefilled by one forward: their buffer (`BatchKV`), held until the last leaves."""
-
-    batch: Any
-    nbytes: int  # counted against the budget while any row of it runs
-    live: int
-
-
-@dataclass(eq=False)
 class GenRow:
     """One generate row: its prompt's cache plan, sampler, tokens so far and its own K/V."""
 
@@ -79,9 +70,8 @@ class GenRow:
     plan: Row | None = (
         None  # the context computed at the current admission (prompt, + fed tokens on a resume)
     )
-    parts: list[tuple[Cohort, int, int]] = field(default_factory=list)  # (cohort, its row there, tokens)
+    fill: Segment | None = None  # open segment of its uncached context tokens, until sealed in the tree
     filled: int = 0  # of the context's uncached tokens, those prefilled so far at this admission
-    fill_bytes: int = 0  # reserved for the uncached tokens not prefilled yet
     chunks: list[Segment] = field(default_factory=list)  # its open segments in the store, in order
     step_bytes: int = 0  # its token of a decode step's buffer, held from admission on
     pinned: list = field(default_factory=list)  # the chain it attends over, pinned while it runs
@@ -105,19 +95,19 @@ class GenRow:
         return astuple(self.sampling)
 
     def own_runs(self) -> list[tuple[torch.Tensor, int]]:
-        """Its own K/V after the cached chain, as prefix runs: the prompt parts, then the chunks."""
-        runs = [(c.batch.row_run(slot), n) for c, slot, n in self.parts]
-        return runs + [(s.kv, s.used) for s in self.chunks if s.used]
+        """Its own K/V after the pinned chain, as prefix runs: its fill (unsealed), its chunks."""
+        segs = ([self.fill] if self.fill is not None else []) + self.chunks
+        return [(s.kv, s.used) for s in segs if s.used]
+
+    def own_start(self) -> int:
+        """Absolute position of the first token of its own K/V (`own_runs`)."""
+        assert self.plan is not None
+        return self.plan.matched if self.fill is not None else len(self.plan.ids)
 
     def todo(self) -> int:
         """Uncached tokens of its admitted context still to prefill (0: it decodes)."""
         assert self.plan is not None
         return len(self.plan.ids) - self.plan.matched - self.filled
-
-    def prompt_kv(self) -> torch.Tensor:
-        """A copy of the K/V of its prefilled context tokens (its parts, in order)."""
-        kvs = [c.batch.row_kv(slot, 0, n) for c, slot, n in self.parts]
-        return kvs[0] if len(kvs) == 1 else torch.cat(kvs, dim=3)
 
     def room(self) -> int:
         """Free token slots in its last open segment."""
@@ -131,10 +121,9 @@ class GenRow:
         seg.used += 1
 
     def own_kv(self, start: int) -> torch.Tensor:
-        """A copy of its own K/V from absolute position start (>= plan.matched) to what it holds."""
-        assert self.plan is not None
+        """A copy of its own K/V from absolute position start (>= `own_start`) to what it holds."""
         parts = [kv[:, :, :, :used] for kv, used in self.own_runs()]
-        return torch.cat(parts, dim=3)[:, :, :, start - self.plan.matched :].clone()
+        return torch.cat(parts, dim=3)[:, :, :, start - self.own_start() :].clone()
 
 
 @dataclass(eq=False)

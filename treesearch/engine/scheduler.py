@@ -13,19 +13,22 @@ One step (under the engine's lock, run by whichever waiting thread finds no step
    the next part of every admitted row whose prompt is not fully in (`filling`), then waiting
    generate rows admitted in arrival order (preempted rows first) into what is left, up to
    `max_rows` admitted: each is looked up, its chain pinned and made resident, and its K/V held
-   against the budget (its whole uncached context and its token of the decode step's buffer
-   reserved, its first decode block an open segment in the store); `make_room` evicts unread
-   blocks (lowest omega first, or LRU) for it. A row that still does not fit waits for running
-   rows to finish (after a preemption none is admitted until a row leaves). The step's
-   parts run as one forward (a cohort); a row whose prompt is in samples its first token, so a
-   long prompt is prefilled over several steps, each beside the decode below;
+   in the store (its fill, an open segment for its whole uncached context, and its first decode
+   block; its token of the decode step's buffer reserved); `make_room` evicts unread blocks
+   (lowest omega first, or LRU) for it. A row that still does not fit waits for running rows to
+   finish (after a preemption none is admitted until a row leaves). The step's parts run as one
+   forward, each written straight into its row's fill (`Forward.prefill_into`); a row whose
+   prompt is in has its fill sealed into the token tree where it is (`RowMemory.store_prompt`)
+   and samples its first token, so a long prompt is prefilled over several steps, each beside the
+   decode below;
 3. every running row feeds its last token through one decode forward (`Forward.step`) over its
-   chain, its prompt parts and its open segments, writing its new K/V into the last; a row whose
-   open segments are full is first copied into one a block bigger (`RowMemory.regrow`) or, with
-   no room for the copy, opens one more block, and when even that cannot fit, the admitted row
+   chain (its sealed prompt included) and its own open segments, writing its new K/V into the
+   last; a row whose decode chunks are full is first copied into one a block bigger
+   (`RowMemory.regrow`) or, with no room for the copy, opens one more block, and when even that
+   cannot fit, the admitted row
    (running or filling) of lowest omega (LRU: the latest admitted) is preempted: its K/V freed,
    requeued first, recomputed when readmitted (lossless: it keeps its tokens and its sampler);
-4. a row that meets EOS, a stop string or max tokens leaves at once (its open segments sealed
+4. a row that meets EOS, a stop string or max tokens leaves at once (its decode chunks sealed
    in the store where they are, `RowMemory.seal`), and a call returns to its search as soon as
    its last row is done: no barrier over searches.
 Rows carry their own seeds and prompts, so a result never depends on which rows shared a step.
@@ -43,6 +46,7 @@ from typing import Any
 import torch
 
 from treesearch.cache.attention import BatchKV
+from treesearch.cache.kvstore import Segment
 from treesearch.cache.manager import Row
 from treesearch.common.errors import CacheBudgetError, SearchCancelled
 from treesearch.engine.decoder import decoder_for
@@ -50,7 +54,7 @@ from treesearch.engine.door import Door
 from treesearch.engine.forward import sample
 from treesearch.engine.memory import RowMemory
 from treesearch.engine.runner import Runner
-from treesearch.engine.running import Call, Cohort, GenRow, ScoreRow
+from treesearch.engine.running import Call, GenRow, ScoreRow
 from treesearch.engine.scoring import run_scores
 
 
@@ -272,54 +276,38 @@ class Scheduler:
         return bool(self.memory.hold(g, p))
 
     def _prefill_parts(self) -> tuple[list[GenRow], list[GenRow], torch.Tensor | None]:
-        """One forward: the next part of each filling row (oldest first) within `step_tokens` whose
-        share of the cohort's padding fits the budget; then the rows whose prompt is fully in.
-        The rows of one forward (a cohort) share one buffer, padded to the longest part; the
-        padding is reserved with the cohort, and a row whose padding does not fit waits a step (a
-        cohort's first row needs none, so every step with rows to fill prefills some). Returns
-        (rows whose prompt is now in, those of them that sample a first token, their logits)."""
+        """One forward: the next part of each filling row (oldest first) within `step_tokens`,
+        each written straight into the row's fill after its earlier parts (`Forward.prefill_into`;
+        the fill's bytes were held at admission, so a part needs no room); then the rows whose
+        prompt is fully in. Returns (rows whose prompt is now in, those of them that sample a
+        first token, their logits)."""
         cache = self.cache
-        bpt = cache.store.bytes_per_token
         left = self.step_tokens
         rows: list[GenRow] = []
         parts: list[int] = []
-        pad = 0  # tokens of padding in the cohort's buffer: rows x longest part - the parts
         for g in self.filling:
             if left <= 0:
                 break
             n = min(g.todo(), left)
-            grown = (len(rows) + 1) * max([n, *parts]) - sum(parts) - n
-            if grown > pad:
-                try:
-                    cache.reserve((grown - pad) * bpt)
-                except CacheBudgetError:
-                    continue  # its part waits a step: rows that finish or fill give back room
-                pad = grown
             rows.append(g)
             parts.append(n)
             left -= n
         if not rows:
             return [], [], None
         plans: list[Row] = [g.plan for g in rows]  # type: ignore[misc]
+        fills: list[Segment] = [g.fill for g in rows]  # type: ignore[misc]
         starts = [p.matched + g.filled for g, p in zip(rows, plans)]
-        try:
-            batch, logits = self.runner.forward.prefill(
-                [cache.prefix(p.chain) + g.own_runs() for g, p in zip(rows, plans)],
-                [p.ids[s : s + n] for p, s, n in zip(plans, starts, parts)],
-                starts,
-                extra=0,
-                want_logits=True,
-                charge=[g.stats for g in rows],
-            )
-        except BaseException:
-            cache.unreserve(pad * bpt)
-            raise
-        cohort = Cohort(batch, (sum(parts) + pad) * bpt, len(rows))
+        logits = self.runner.forward.prefill_into(
+            [cache.prefix(p.chain) + g.own_runs() for g, p in zip(rows, plans)],
+            [p.ids[s : s + n] for p, s, n in zip(plans, starts, parts)],
+            starts,
+            [(f.kv, f.used) for f in fills],
+            [g.stats for g in rows],
+        )
         done, fresh = [], []
-        for b, (g, n) in enumerate(zip(rows, parts)):
-            g.parts.append((cohort, b, n))
+        for b, (g, f, n) in enumerate(zip(rows, fills, parts)):
+            f.used += n
             g.filled += n
-            g.fill_bytes -= n * bpt  # those bytes are the cohort's now
             if g.todo() == 0:
                 done.append(g)
                 if self._prompt_in(g):
@@ -330,15 +318,19 @@ class Scheduler:
 
     def _prompt_in(self, g: GenRow) -> bool:
         """A row's context is fully prefilled: count its reuse (first admission) or its recomputation
-        (a preempted row's), store its new prompt K/V; True when it samples its first token now."""
+        (a preempted row's), seal its fill in the store (`RowMemory.store_prompt` for a first
+        admission, counted as its search's prompt); True when it samples its first token now."""
         p = g.plan
         assert p is not None
+        shares = self.runner.config.shares
         if g.reused:  # a preempted row: all it computed now it had computed before
             g.stats.recomputed_tokens += len(p.ids) - p.matched
+            if shares:
+                self.memory.seal_prompt(g)
             return False
         g.reused, g.reused_n = True, p.matched - p.prepass
         g.stats.reused_tokens += g.reused_n
-        if self.runner.config.shares:
+        if shares:
             g.handle = self.memory.store_prompt(g)
         return True
 
@@ -435,8 +427,7 @@ class Scheduler:
         fed = len(g.gens) - 1
         if self.runner.config.shares and fed > 0 and g.handle is not None:
             ctx = g.row.ids + g.gens[:fed]
-            assert g.plan is not None
-            start = max(len(g.row.ids), g.plan.matched)  # a resumed row may have found fed tokens cached
+            start = max(len(g.row.ids), g.own_start())  # a resumed row may have sealed fed tokens
             if start < len(ctx):
                 end = self.memory.seal(g, ctx, start)  # in place, else a copy below
                 if end is None:
