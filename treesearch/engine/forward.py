@@ -116,8 +116,6 @@ class Forward:
         each decoder layer's output [B, n, hidden]."""
         t0 = time.perf_counter()
         lm = self.lm
-        if self.decoder is not None and self.decoder.stale(lm.model):  # a weight changed in place
-            self.decoder = decoder_for(lm.model)
         lens = [len(t) for t in news]
         batch = BatchKV(
             lm.num_layers, len(news), lm.num_kv_heads, lm.head_dim, max(lens) + extra, lm.dtype, lm.device
@@ -141,8 +139,6 @@ class Forward:
         last-position logits [B, V]."""
         t0 = time.perf_counter()
         lm = self.lm
-        if self.decoder is not None and self.decoder.stale(lm.model):  # a weight changed in place
-            self.decoder = decoder_for(lm.model)
         lens = [len(t) for t in news]
         batch = DirectKV(sinks, lens, lm.device)
         batch.set_prefixes(prefixes)
@@ -154,6 +150,8 @@ class Forward:
         """Run each row's new tokens (padded to the longest) at positions starts[b].. through the
         layers over `batch`; `layers`' result."""
         lm = self.lm
+        if self.decoder is not None and self.decoder.stale(lm.model):  # a weight changed in place
+            self.decoder = decoder_for(lm.model)
         bsz = len(news)
         lens = [len(t) for t in news]
         nmax = max(lens)

@@ -58,7 +58,6 @@ _HEAD = (
 typedef __m512 vf;
 #define VZERO() _mm512_setzero_ps()
 #define VLOADX(p) _mm512_loadu_ps(p)
-#define VLOADW_int8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 static inline float hsum(vf v) {
     __m256 lo = _mm512_castps512_ps256(v);
@@ -74,7 +73,6 @@ static inline float hsum(vf v) {
 typedef __m256 vf;
 #define VZERO() _mm256_setzero_ps()
 #define VLOADX(p) _mm256_loadu_ps(p)
-#define VLOADW_int8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 static inline float hsum(vf v) {
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
