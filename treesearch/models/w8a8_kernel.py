@@ -189,8 +189,8 @@ typedef struct {
 
 /* R rows x V vectors from vector v0. Per k block: R V int32 sums of 8 dot steps (4 k each), then
    acc = acc + s_x * float(sum). */
-#define WTILE(R, V)                                                                                \
-static void wtile_##R##x##V(const qrow *xr, float *const *yr, const float *const *orow,           \
+#define WTILE(NAME, R, V)                                                                         \
+static void NAME(const qrow *xr, float *const *yr, const float *const *orow,                      \
                             const uint8_t *w, int64_t nb, int64_t v0, const float *s,             \
                             const float *b, int64_t N) {                                          \
     vf acc[R][V];                                                                                 \
@@ -230,56 +230,62 @@ typedef void (*wtile_fn)(const qrow *, float *const *, const float *const *, con
                          int64_t, const float *, const float *, int64_t);
 #if defined(TS_VNNI)
 #ifndef R_WIDE
-#define R_WIDE 8
+#define R_WIDE 6
 #define V_WIDE 2
-#endif
-#define XTILE(R, V) WTILE(R, V) /* R_WIDE expanded before pasting */
-#define XNAME(R, V) wtile_##R##x##V
-#define WIDE(V) XNAME2(R_WIDE, V)
-#define XNAME2(R, V) XNAME(R, V)
-XTILE(R_WIDE, 1) XTILE(R_WIDE, 2)
-#if V_WIDE > 2
-XTILE(R_WIDE, 3)
-#endif
-#if V_WIDE > 3
-XTILE(R_WIDE, 4)
 #endif
 #define R_MID 4
 #define V_MID 4
-WTILE(4, 1) WTILE(4, 2) WTILE(4, 3) WTILE(4, 4)
 #define V_ONE 8
-WTILE(1, 1) WTILE(1, 2) WTILE(1, 3) WTILE(1, 4) WTILE(1, 5) WTILE(1, 6) WTILE(1, 7) WTILE(1, 8)
-static const wtile_fn wide_t[] = {0, WIDE(1), WIDE(2),
+WTILE(wide1, R_WIDE, 1) WTILE(wide2, R_WIDE, 2)
 #if V_WIDE > 2
-                                  WIDE(3),
+WTILE(wide3, R_WIDE, 3)
 #endif
 #if V_WIDE > 3
-                                  WIDE(4),
+WTILE(wide4, R_WIDE, 4)
+#endif
+WTILE(mid1, 4, 1) WTILE(mid2, 4, 2) WTILE(mid3, 4, 3) WTILE(mid4, 4, 4)
+WTILE(one1, 1, 1) WTILE(one2, 1, 2) WTILE(one3, 1, 3) WTILE(one4, 1, 4)
+WTILE(one5, 1, 5) WTILE(one6, 1, 6) WTILE(one7, 1, 7) WTILE(one8, 1, 8)
+static const wtile_fn wide_t[] = {0, wide1, wide2,
+#if V_WIDE > 2
+                                  wide3,
+#endif
+#if V_WIDE > 3
+                                  wide4,
 #endif
 };
-static const wtile_fn mid_t[] = {0, wtile_4x1, wtile_4x2, wtile_4x3, wtile_4x4};
-static const wtile_fn one_t[] = {0, wtile_1x1, wtile_1x2, wtile_1x3, wtile_1x4, wtile_1x5, wtile_1x6,
-                                 wtile_1x7, wtile_1x8};
+static const wtile_fn mid_t[] = {0, mid1, mid2, mid3, mid4};
+static const wtile_fn one_t[] = {0, one1, one2, one3, one4, one5, one6, one7, one8};
 #else
-#define R_WIDE 4
-#define V_WIDE 2
+#ifndef R_WIDE
+#define R_WIDE 6
+#define V_WIDE 1
+#endif
 #define R_MID 4
 #define V_MID 2
 #define V_ONE 4
-WTILE(4, 1) WTILE(4, 2)
-WTILE(1, 1) WTILE(1, 2) WTILE(1, 3) WTILE(1, 4)
-static const wtile_fn wide_t[] = {0, wtile_4x1, wtile_4x2};
-static const wtile_fn mid_t[] = {0, wtile_4x1, wtile_4x2};
-static const wtile_fn one_t[] = {0, wtile_1x1, wtile_1x2, wtile_1x3, wtile_1x4};
+WTILE(wide1, R_WIDE, 1) WTILE(wide2, R_WIDE, 2)
+#if V_WIDE > 2
+WTILE(wide3, R_WIDE, 3)
+#endif
+WTILE(mid1, 4, 1) WTILE(mid2, 4, 2)
+WTILE(one1, 1, 1) WTILE(one2, 1, 2) WTILE(one3, 1, 3) WTILE(one4, 1, 4)
+static const wtile_fn wide_t[] = {0, wide1, wide2,
+#if V_WIDE > 2
+                                  wide3,
+#endif
+};
+static const wtile_fn mid_t[] = {0, mid1, mid2};
+static const wtile_fn one_t[] = {0, one1, one2, one3, one4};
 #endif
 
 /* Rows r0 .. r0+m-1 (m <= R) through an R-row tile: its rows past m repeat the last and write nothing. */
 static void wgroup(int R, wtile_fn fn, const qrow *rows, const float *o, int64_t ldo, float *y, int64_t ldy,
                    int64_t r0, int64_t m, const uint8_t *w, int64_t nb, int64_t v0, const float *s,
                    const float *b, int64_t N) {
-    qrow xr[R_WIDE];
-    const float *orow[R_WIDE];
-    float *yr[R_WIDE];
+    qrow xr[16];
+    const float *orow[16];
+    float *yr[16];
     for (int i = 0; i < R; i++) {
         int64_t r = r0 + (i < m ? i : m - 1);
         xr[i] = rows[r];
@@ -470,14 +476,15 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [rows, K] float32 -> (q int8 [rows, Kp], s_x float32 [rows, Kp/32]): the module docstring's
     rounding, through torch (the C computes the same bits)."""
     rows, k = x.shape
-    xp = torch.zeros(rows, padded(k))
+    nb = padded(k) // QB
+    xp = torch.zeros(rows, nb * QB)
     xp[:, :k] = x
-    blocks = xp.view(rows, -1, QB)
+    blocks = xp.view(rows, nb, QB)
     sx = blocks.abs().amax(dim=2) / 127.0
     safe = torch.where(sx > 0, sx, torch.ones_like(sx))
     q = torch.round(blocks / safe[:, :, None]).clamp_(-127, 127)
     q = torch.where(sx[:, :, None] > 0, q, torch.zeros_like(q))
-    return q.to(torch.int8).view(rows, -1), sx
+    return q.to(torch.int8).view(rows, nb * QB), sx
 
 
 def quantize_c(x: torch.Tensor, dll: Any) -> tuple[torch.Tensor, torch.Tensor]:
