@@ -178,3 +178,33 @@ def test_rounding_clamps_where_a_subnormal_scale_rounds_down_and_zero_blocks_giv
     assert torch.equal(q, kernel.quantize(x)[0]) and torch.equal(sx, kernel.quantize(x)[1])
     assert q[0, :3].tolist() == [127, -127, 64] and float(sx[0, 0]) == float(tiny)
     assert float(sx[0, 1]) == 0 and not q[0, 32:].any()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 20),
+    k=st.integers(1, 100),
+    ns=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    seed=st.integers(0, 2**16),
+    other=st.booleans(),
+    threads=st.sampled_from([1, 2]),
+)
+def test_a_projections_parts_side_by_side_equal_each_part_alone(kernel, rows, k, ns, seed, other, threads):
+    """q/k/v or gate/up as one call (x rounded once) over views of one buffer: each part's bits."""
+    g = torch.Generator().manual_seed(seed)
+    parts = [quantize.quantize_rows(torch.randn(n, k, generator=g)) for n in ns]
+    buffer = torch.cat([w8a8_kernel.layout(w) for w, _ in parts])
+    views, b0 = [], 0
+    for (_, s), n in zip(parts, ns):
+        nb = -(-n // 16)
+        views.append((buffer[b0 : b0 + nb], s, torch.randn(n, generator=g) if n % 2 else None))
+        b0 += nb
+    x = torch.randn(rows, k, generator=g)
+    o = torch.randn(rows, sum(ns), generator=g) if other else None
+    torch.set_num_threads(threads)
+    try:
+        y = kernel.project(x, kernel.proj(views, k), o)
+    finally:
+        torch.set_num_threads(1)
+    alone = torch.cat([kernel.linear(x, w, s, b) for w, s, b in views], dim=1)
+    assert torch.equal(y, alone if o is None else alone + o)

@@ -331,13 +331,29 @@ void ts_w8a8_quantize(const float *x, int64_t ldx, int64_t rows, int64_t K, int8
     for (int64_t r = 0; r < rows; r++) quant_row(x + r * ldx, K, q + r * nb * QB, sx + r * nb, cx + r * nb);
 }
 
-/* y [rows, N] (row stride ldy) = x (W s)^T (+ bias) (+ other) with x's rows quantized into q, sx, cx
-   (scratch, [rows, Kp], [rows, nb], [rows, nb]) and w laid out [ceil(N/16)][Kp/4][16][4] (w + 128).
-   Threads quantize whole rows, then share out whole blocks of 16 channels. */
-void ts_w8a8_linear(const float *x, int64_t ldx, int64_t rows, int64_t K, const uint8_t *w,
-                    const float *scale, const float *bias, const float *other, int64_t ldo, float *y,
-                    int64_t ldy, int64_t N, int64_t threads, int8_t *q, float *sx, int32_t *cx) {
-    int64_t nb = (K + QB - 1) / QB, blocks = (N + BL - 1) / BL, per = BL / W;
+/* A projection: up to 3 weights side by side (q, k, v; gate, up), each laid out as above with its
+   channel scale and bias (or NULL), all over the same K inputs. */
+typedef struct {
+    int64_t nparts, K;
+    const uint8_t *w[3];
+    const float *scale[3];
+    const float *bias[3];
+    int64_t n[3];
+} w8a8_proj;
+
+/* y [rows, sum n_i] (row stride ldy) = [x (W_i s_i)^T + b_i]_i (+ other), x's rows quantized once
+   into q, sx, cx (scratch: [rows, Kp], [rows, nb], [rows, nb]). Threads quantize whole rows, then
+   share out every part's blocks of 16 channels in contiguous ranges. */
+void ts_w8a8_proj(const w8a8_proj *p, const float *x, int64_t ldx, int64_t rows, const float *other,
+                  int64_t ldo, float *y, int64_t ldy, int64_t threads, int8_t *q, float *sx, int32_t *cx) {
+    int64_t K = p->K, nb = (K + QB - 1) / QB, per = BL / W;
+    int64_t first[4], col[4];
+    first[0] = col[0] = 0;
+    for (int64_t i = 0; i < p->nparts; i++) {
+        first[i + 1] = first[i] + (p->n[i] + BL - 1) / BL * per;
+        col[i + 1] = col[i] + p->n[i];
+    }
+    int64_t blocks = first[p->nparts] / per;
     qrow *xs = malloc(sizeof(qrow) * (size_t)(rows ? rows : 1));
     for (int64_t r = 0; r < rows; r++) xs[r] = (qrow){q + r * nb * QB, sx + r * nb, cx + r * nb};
 #ifndef _OPENMP
@@ -352,9 +368,14 @@ void ts_w8a8_linear(const float *x, int64_t ldx, int64_t rows, int64_t K, const 
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < threads; t++) {
             int64_t a = blocks * t / threads * per, e = blocks * (t + 1) / threads * per;
-            int64_t last = (N + W - 1) / W; /* vectors wholly past N: none */
-            if (e > last) e = last;
-            if (a < e) wrange(xs, rows, w, nb, scale, bias, other, ldo, y, ldy, N, a, e);
+            for (int64_t i = 0; i < p->nparts; i++) {
+                int64_t lo = a > first[i] ? a : first[i], hi = e < first[i + 1] ? e : first[i + 1];
+                int64_t last = first[i] + (p->n[i] + W - 1) / W; /* vectors wholly past n_i: none */
+                if (hi > last) hi = last;
+                if (lo < hi)
+                    wrange(xs, rows, p->w[i], nb, p->scale[i], p->bias[i], other ? other + col[i] : 0, ldo,
+                           y + col[i], ldy, p->n[i], lo - first[i], hi - first[i]);
+            }
         }
     }
     free(xs);
@@ -398,9 +419,8 @@ def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
                 raise OSError(f"{cc} failed: {done.stderr.strip()[-300:]}")
             os.replace(out, lib)
     dll = ctypes.CDLL(str(lib))
-    dll.ts_w8a8_linear.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64]
-    dll.ts_w8a8_linear.argtypes += [_PTR, _PTR, _PTR]
-    dll.ts_w8a8_linear.restype = None
+    dll.ts_w8a8_proj.argtypes = [_PTR, _PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _I64, _PTR, _PTR, _PTR]
+    dll.ts_w8a8_proj.restype = None
     dll.ts_w8a8_quantize.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64]
     dll.ts_w8a8_quantize.restype = None
     return dll
@@ -498,6 +518,70 @@ def quantize_c(x: torch.Tensor, dll: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return q, sx
 
 
+class Proj(ctypes.Structure):
+    """C's `w8a8_proj`: up to three laid-out weights side by side over the same inputs, each with
+    its channel scale and bias (0: none). `proj()` keeps the tensors it points at (`keep`)."""
+
+    _fields_ = [
+        ("nparts", _I64),
+        ("K", _I64),
+        ("w", _PTR * 3),
+        ("scale", _PTR * 3),
+        ("bias", _PTR * 3),
+        ("n", _I64 * 3),
+    ]
+
+
+def proj(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], k: int) -> Proj:
+    """The `Proj` of up to three (weight laid out by `layout`, scale [n], bias [n] or None) parts
+    over the same k inputs."""
+    if not 1 <= len(parts) <= 3:
+        raise ValueError("a projection is 1 to 3 weights over the same number of inputs")
+    p = Proj(len(parts), k)
+    for i, (w, scale, bias) in enumerate(parts):
+        n = scale.shape[0]
+        if w.dtype != torch.uint8 or w.shape != (-(-n // BLOCK), padded(k) // 4, BLOCK, 4):
+            raise ValueError(
+                f"a w8a8 weight of {n} channels over {k} inputs is laid out [{-(-n // BLOCK)}, "
+                f"{padded(k) // 4}, 16, 4] uint8, not {tuple(w.shape)} {w.dtype}"
+            )
+        for t in (w, scale, bias):
+            if t is not None and not t.is_contiguous():
+                raise ValueError("a projection's weights, scales and biases must be contiguous")
+        p.w[i], p.scale[i], p.n[i] = w.data_ptr(), scale.data_ptr(), n
+        p.bias[i] = None if bias is None else bias.data_ptr()
+    p.keep = parts  # the addresses above stay valid as long as this Proj lives
+    return p
+
+
+def project(x: torch.Tensor, p: Proj, other: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, K] -> [the module docstring's y of part i]_i (+ other) [rows, sum n_i], x rounded
+    once for all parts; through torch where nothing builds (the same bits)."""
+    rows, k = x.shape
+    if k != p.K:
+        raise ValueError(f"this projection takes {p.K} inputs, not {k}")
+    if x.stride(1) != 1 or x.dtype != torch.float32:
+        x = x.contiguous().float()
+    if other is not None and (other.stride(1) != 1 or other.dtype != torch.float32):
+        other = other.contiguous().float()
+    dll = load()
+    if dll is None:
+        ys = [_torch_linear(x, w, s, b, None) for w, s, b in p.keep]
+        y = torch.cat(ys, dim=-1) if len(ys) > 1 else ys[0]
+        return y if other is None else y + other
+    y = torch.empty(rows, sum(p.n[i] for i in range(p.nparts)))
+    if rows == 0:
+        return y
+    nb = padded(k) // QB
+    q, sx, cx = torch.empty(rows, nb * QB, dtype=torch.int8), torch.empty(rows, nb), torch.empty(rows, nb, dtype=torch.int32)
+    o, ldo = (None, 0) if other is None else (other.data_ptr(), other.stride(0))
+    dll.ts_w8a8_proj(
+        ctypes.addressof(p), x.data_ptr(), x.stride(0), rows, o, ldo, y.data_ptr(), y.stride(0),
+        torch.get_num_threads(), q.data_ptr(), sx.data_ptr(), cx.data_ptr(),
+    )  # fmt: skip
+    return y
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -506,32 +590,8 @@ def linear(
     other: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [rows, K] float32, weight laid out by `layout` ([ceil(N/16), Kp/4, 16, 4] uint8), scale [N]
-    -> the module docstring's y [rows, N], through the C where it builds, else through torch (the
-    same bits)."""
-    rows, k = x.shape
-    n = scale.shape[0]
-    if weight.dtype != torch.uint8 or weight.shape != (-(-n // BLOCK), padded(k) // 4, BLOCK, 4):
-        raise ValueError(f"a w8a8 weight of {n} channels over {k} inputs is laid out [{-(-n // BLOCK)}, "
-                         f"{padded(k) // 4}, 16, 4] uint8, not {tuple(weight.shape)} {weight.dtype}")
-    dll = load()
-    if dll is None:
-        return _torch_linear(x, weight, scale, bias, other)
-    if x.stride(1) != 1 or x.dtype != torch.float32:
-        x = x.contiguous().float()
-    if other is not None and (other.stride(1) != 1 or other.dtype != torch.float32):
-        other = other.contiguous().float()
-    y = torch.empty(rows, n)
-    if rows == 0:
-        return y
-    nb = padded(k) // QB
-    q, sx, cx = torch.empty(rows, nb * QB, dtype=torch.int8), torch.empty(rows, nb), torch.empty(rows, nb, dtype=torch.int32)
-    dll.ts_w8a8_linear(
-        x.data_ptr(), x.stride(0), rows, k, weight.data_ptr(), scale.data_ptr(),
-        None if bias is None else bias.data_ptr(),
-        None if other is None else other.data_ptr(), 0 if other is None else other.stride(0),
-        y.data_ptr(), y.stride(0), n, torch.get_num_threads(), q.data_ptr(), sx.data_ptr(), cx.data_ptr(),
-    )  # fmt: skip
-    return y
+    -> the module docstring's y [rows, N] (`project` of one part)."""
+    return project(x, proj([(weight, scale, bias)], x.shape[1]), other)
 
 
 def _torch_linear(
