@@ -1,6 +1,7 @@
 """Decode step time and greedy agreement of int8 weights against float32, in one process.
 
     python examples/measure_int8.py [--model NAME] [--rows 1 4 16] [--steps 24] [--threads 2]
+    python examples/measure_int8.py --quantization int8 int8a8   # any two precisions
     python examples/measure_int8.py --kernels [--rows 1 4 16] [--threads 1]   # the product candidates
     python examples/measure_int8.py --kernels --w8a8-build avx2   # w8a8's AVX2 build on a VNNI CPU
 
@@ -138,12 +139,18 @@ def kernels(rows_list: list[int]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
+    ap.add_argument(
+        "--quantization", nargs=2, default=["float32", "int8"], metavar=("REF", "OTHER"),
+        help="the two precisions compared (default: float32 int8; e.g. int8 int8a8)",
+    )  # fmt: skip
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--kernels", action="store_true", help="time the candidate products instead")
-    ap.add_argument("--w8a8-build", choices=["vnni", "avx2"], help="w8a8's build to time (default: this CPU's)")
+    ap.add_argument(
+        "--w8a8-build", choices=["vnni", "avx2"], help="w8a8's build to time (default: this CPU's)"
+    )
     args = ap.parse_args()
     import torch
 
@@ -163,11 +170,12 @@ def main() -> None:
         print(json.dumps({**kind, "threads": torch.get_num_threads()}))
         kernels(args.rows)
         return
-    lms = {q: load_model(args.model, quantization=q) for q in ("float32", "int8")}
+    ref, other = args.quantization
+    lms = {q: load_model(args.model, quantization=q) for q in (ref, other)}
     print(
         json.dumps(
             {
-                "model": lms["int8"].name,
+                "model": lms[other].name,
                 "int8_kernel": int8_kernel.reason(),
                 "threads": torch.get_num_threads(),
                 "weight_mb": {q: round(weight_bytes(lm.model) / 1e6, 1) for q, lm in lms.items()},
@@ -176,21 +184,21 @@ def main() -> None:
     )
     for rows in args.rows:
         prompts = [PROMPT.format(PUZZLES[i % len(PUZZLES)]) for i in range(rows)]
-        ms: dict[str, list[float]] = {"float32": [], "int8": []}
+        ms: dict[str, list[float]] = {ref: [], other: []}
         toks: dict[str, list[list[int]]] = {}
         for _ in range(args.rounds):
             for q, lm in lms.items():
                 toks[q], times = timed_generate(lm, prompts, args.steps)
                 ms[q] += times[2:]  # the first steps pay first-call costs
-        f32, i8 = statistics.median(ms["float32"]), statistics.median(ms["int8"])
+        a, b = statistics.median(ms[ref]), statistics.median(ms[other])
         print(
             json.dumps(
                 {
                     "rows": rows,
-                    "float32_ms": round(f32, 2),
-                    "int8_ms": round(i8, 2),
-                    "int8_x": round(f32 / i8, 2),
-                    "greedy_agreement": round(agreement(toks["float32"], toks["int8"]), 3),
+                    f"{ref}_ms": round(a, 2),
+                    f"{other}_ms": round(b, 2),
+                    f"{other}_x": round(a / b, 2),
+                    "greedy_agreement": round(agreement(toks[ref], toks[other]), 3),
                 }
             ),
             flush=True,

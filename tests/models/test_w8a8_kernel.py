@@ -70,7 +70,12 @@ def test_the_layout_holds_16_channels_4_k_biased_and_round_trips():
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(0, 12), k=st.integers(1, 200), seed=st.integers(0, 2**16), threads=st.sampled_from([1, 2]))
+@given(
+    rows=st.integers(0, 12),
+    k=st.integers(1, 200),
+    seed=st.integers(0, 2**16),
+    threads=st.sampled_from([1, 2]),
+)
 def test_the_rounding_of_activations_is_the_same_bits_in_c_and_torch_and_what_float64_says(
     kernel, rows, k, seed, threads
 ):

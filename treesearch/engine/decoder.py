@@ -49,7 +49,7 @@ from treesearch.cache.direct_kv import DirectKV
 from treesearch.engine import attend_kernel, runs_kernel
 from treesearch.engine.attend_kernel import StepRuns
 from treesearch.engine.fused_step import FusedLayers
-from treesearch.engine.linear import FloatLinear, Linear
+from treesearch.engine.linear import A8Linear, FloatLinear, Linear
 from treesearch.engine.step_plan import Plan
 from treesearch.models.quantize import Int8Linear, is_quantized
 
@@ -171,11 +171,13 @@ class Layer:
             (k.qweight, k.scale, k.bias),
             (v.qweight, v.scale, v.bias),
         ]
-        self.qkv = Linear(qkv, in_scale=ln1)
-        self.o = Linear([(att.o_proj.qweight, att.o_proj.scale, None)])
+        # int8a8 (`quantize.to_int8a8`): the w8a8 product, outside the compiled layer calls
+        lin: Any = A8Linear if q.qweight.dtype == torch.uint8 else Linear
+        self.qkv = lin(qkv, in_scale=ln1)
+        self.o = lin([(att.o_proj.qweight, att.o_proj.scale, None)])
         gu = [(m.qweight, m.scale, None) for m in (mlp.gate_proj, mlp.up_proj)]
-        self.gate_up = Linear(gu, in_scale=ln2)
-        self.down = Linear([(mlp.down_proj.qweight, mlp.down_proj.scale, None)])
+        self.gate_up = lin(gu, in_scale=ln2)
+        self.down = lin([(mlp.down_proj.qweight, mlp.down_proj.scale, None)])
         self.inter = mlp.gate_proj.out_features
 
 

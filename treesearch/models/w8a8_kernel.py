@@ -131,7 +131,10 @@ static void quant_row(const float *x, int64_t K, int8_t *q, float *sx, int32_t *
 #else
         const __m256 sign = _mm256_set1_ps(-0.0f);
         __m256 a[4], m = _mm256_setzero_ps();
-        for (int h = 0; h < 4; h++) a[h] = _mm256_loadu_ps(p + 8 * h), m = _mm256_max_ps(m, _mm256_andnot_ps(sign, a[h]));
+        for (int h = 0; h < 4; h++) {
+            a[h] = _mm256_loadu_ps(p + 8 * h);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, a[h]));
+        }
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
@@ -147,7 +150,8 @@ static void quant_row(const float *x, int64_t K, int8_t *q, float *sx, int32_t *
             }
         }
         vi p16 = _mm256_packs_epi32(v[0], v[1]), p23 = _mm256_packs_epi32(v[2], v[3]);
-        vi p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16, p23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        vi order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* the packs' lanes back in k order */
+        vi p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16, p23), order);
         _mm256_storeu_si256((vi *)(q + b * QB), p8);
 #endif
     }
@@ -364,7 +368,8 @@ void ts_w8a8_proj(const w8a8_proj *p, const float *x, int64_t ldx, int64_t rows,
 #pragma omp parallel num_threads((int)threads) if (threads > 1)
     {
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) quant_row(x + r * ldx, K, q + r * nb * QB, sx + r * nb, cx + r * nb);
+        for (int64_t r = 0; r < rows; r++)
+            quant_row(x + r * ldx, K, q + r * nb * QB, sx + r * nb, cx + r * nb);
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < threads; t++) {
             int64_t a = blocks * t / threads * per, e = blocks * (t + 1) / threads * per;
@@ -414,7 +419,9 @@ def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
             src, out = Path(tmp) / "w8a8.c", Path(tmp) / "w8a8.so"
             src.write_text(SOURCE)
-            done = subprocess.run([cc, *flags, "-o", str(out), str(src)], capture_output=True, text=True, timeout=120)
+            done = subprocess.run(
+                [cc, *flags, "-o", str(out), str(src)], capture_output=True, text=True, timeout=120
+            )
             if done.returncode != 0:
                 raise OSError(f"{cc} failed: {done.stderr.strip()[-300:]}")
             os.replace(out, lib)
@@ -511,11 +518,21 @@ def quantize_c(x: torch.Tensor, dll: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """`quantize` through the C (dll: `load()` or `build()`'s library)."""
     x = x.contiguous().float()
     rows, k = x.shape
-    nb = padded(k) // QB
-    q, sx, cx = torch.empty(rows, nb * QB, dtype=torch.int8), torch.empty(rows, nb), torch.empty(rows, nb, dtype=torch.int32)
+    q, sx, cx = _scratch(rows, k)
     if rows:
-        dll.ts_w8a8_quantize(x.data_ptr(), k, rows, k, q.data_ptr(), sx.data_ptr(), cx.data_ptr(), torch.get_num_threads())
+        ptrs = (q.data_ptr(), sx.data_ptr(), cx.data_ptr())
+        dll.ts_w8a8_quantize(x.data_ptr(), k, rows, k, *ptrs, torch.get_num_threads())
     return q, sx
+
+
+def _scratch(rows: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The C's buffers for rows rounded: q int8 [rows, Kp], s_x [rows, nb], 128 sum(q) [rows, nb]."""
+    nb = padded(k) // QB
+    return (
+        torch.empty(rows, nb * QB, dtype=torch.int8),
+        torch.empty(rows, nb),
+        torch.empty(rows, nb, dtype=torch.int32),
+    )
 
 
 class Proj(ctypes.Structure):
@@ -572,8 +589,7 @@ def project(x: torch.Tensor, p: Proj, other: torch.Tensor | None = None) -> torc
     y = torch.empty(rows, sum(p.n[i] for i in range(p.nparts)))
     if rows == 0:
         return y
-    nb = padded(k) // QB
-    q, sx, cx = torch.empty(rows, nb * QB, dtype=torch.int8), torch.empty(rows, nb), torch.empty(rows, nb, dtype=torch.int32)
+    q, sx, cx = _scratch(rows, k)
     o, ldo = (None, 0) if other is None else (other.data_ptr(), other.stride(0))
     dll.ts_w8a8_proj(
         ctypes.addressof(p), x.data_ptr(), x.stride(0), rows, o, ldo, y.data_ptr(), y.stride(0),
