@@ -112,7 +112,7 @@ def kernels(rows_list: list[int]) -> None:
     time): one JSON line per batch size."""
     import torch
 
-    from treesearch.models import int8_blocks, quantize, w8a8_kernel
+    from treesearch.models import int8_blocks, quantize, w8a8_blocks, w8a8_kernel
 
     warm, t0 = torch.randn(64, 896), time.perf_counter()
     while time.perf_counter() - t0 < 1.0:  # threads started, clocks up: the first batch size was off without
@@ -126,7 +126,7 @@ def kernels(rows_list: list[int]) -> None:
             packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)
 
             qb = int8_blocks.block(q)  # the kernel's layout (`treesearch.models.quantize` holds it)
-            candidates = _candidates(x, w, q, qb, s, sb, qt, packed, rows, w8a8_kernel.layout(q))
+            candidates = _candidates(x, w, q, qb, s, sb, qt, packed, rows, w8a8_blocks.layout(q))
             for name, fn in candidates.items():
                 ms[name] = ms.get(name, 0.0) + best_ms(fn, 2 if "_int_mm" in name else 10)
         base, rounding = ms["float32 oneDNN packed"], ms.pop("w8a8 rounding only")

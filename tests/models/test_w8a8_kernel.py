@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treesearch.models import quantize, w8a8_kernel
+from treesearch.models import quantize, w8a8_blocks, w8a8_kernel
 
 # the builds this CPU runs: a VNNI CPU runs the AVX2 build too
 VARIANTS = {"vnni": ["vnni", "avx2"], "avx2": ["avx2"], None: []}[w8a8_kernel.variant()]
@@ -62,11 +62,11 @@ def reference(x, w, s, b, o) -> torch.Tensor:
 
 def test_the_layout_holds_16_channels_4_k_biased_and_round_trips():
     w = torch.arange(-100, 100, dtype=torch.int8).view(20, 10)  # 2 blocks of channels, K padded to 32
-    wl = w8a8_kernel.layout(w)
+    wl = w8a8_blocks.layout(w)
     assert wl.shape == (2, 8, 16, 4) and wl.dtype == torch.uint8 and wl.is_contiguous()
     assert int(wl[1, 2, 3, 1]) == int(w[19, 9]) + 128 and int(wl[0, 0, 15, 3]) == int(w[15, 3]) + 128
     assert (wl[1, :, 4:] == 128).all() and (wl[:, 3:] == 128).all()  # channels past N, k past K: w = 0
-    assert torch.equal(w8a8_kernel.unlayout(wl, 20, 10), w)
+    assert torch.equal(w8a8_blocks.unlayout(wl, 20, 10), w)
 
 
 @settings(max_examples=60, deadline=None)
@@ -89,7 +89,7 @@ def test_the_rounding_of_activations_is_the_same_bits_in_c_and_torch_and_what_fl
     assert torch.equal(q, tq) and torch.equal(sx, tsx)
     if not rows:
         return
-    xp = torch.zeros(rows, w8a8_kernel.padded(k), dtype=torch.float64)
+    xp = torch.zeros(rows, w8a8_blocks.padded(k), dtype=torch.float64)
     xp[:, :k] = x.double()
     amax = xp.view(rows, -1, 32).abs().amax(2)
     assert torch.equal(sx.double(), (amax / 127).float().double())  # scale: max |x| / 127
@@ -112,7 +112,7 @@ def test_the_kernel_equals_the_float64_quantized_maths_and_the_torch_path_bit_fo
     kernel, rows, k, n, seed, bias, other, threads
 ):
     x, w, s, b, o = operands(rows, k, n, seed, bias, other)
-    wl = w8a8_kernel.layout(w)
+    wl = w8a8_blocks.layout(w)
     torch.set_num_threads(threads)
     try:
         y = kernel.linear(x, wl, s, b, o)
@@ -122,7 +122,7 @@ def test_the_kernel_equals_the_float64_quantized_maths_and_the_torch_path_bit_fo
     assert torch.equal(y, kernel._torch_linear(x, wl, s, b, o))
     if rows:
         ref = reference(x, w, s, b, o)
-        blocks = w8a8_kernel.padded(k) // 32
+        blocks = w8a8_blocks.padded(k) // 32
         assert (y.double() - ref).abs().max().item() <= 1e-6 * (1 + ref.abs().max().item()) * blocks
 
 
@@ -142,7 +142,7 @@ def test_a_rows_result_is_the_same_bits_alone_in_any_batch_and_at_any_thread_cou
     """Every row alone (the one-row tile), in a batch of every size up to 13 from that row (the
     middle and wide tiles, with their short last tiles), and in the whole batch."""
     x, w, s, b, o = operands(batch, k, n, seed, bias, other)
-    wl = w8a8_kernel.layout(w)
+    wl = w8a8_blocks.layout(w)
     together = kernel.linear(x, wl, s, b, o)
     torch.set_num_threads(threads)
     try:
@@ -161,7 +161,7 @@ def test_a_rows_result_is_the_same_bits_alone_in_any_batch_and_at_any_thread_cou
 
 def test_the_torch_path_is_taken_where_nothing_builds_and_gives_the_same_bits(kernel, monkeypatch):
     x, w, s, b, o = operands(9, 70, 40, 3, True, True)
-    wl = w8a8_kernel.layout(w)
+    wl = w8a8_blocks.layout(w)
     y = kernel.linear(x, wl, s, b, o)
     monkeypatch.setattr(w8a8_kernel, "load", lambda: None)
     assert torch.equal(w8a8_kernel.linear(x, wl, s, b, o), y)
@@ -198,7 +198,7 @@ def test_a_projections_parts_side_by_side_equal_each_part_alone(kernel, rows, k,
     """q/k/v or gate/up as one call (x rounded once) over views of one buffer: each part's bits."""
     g = torch.Generator().manual_seed(seed)
     parts = [quantize.quantize_rows(torch.randn(n, k, generator=g)) for n in ns]
-    buffer = torch.cat([w8a8_kernel.layout(w) for w, _ in parts])
+    buffer = torch.cat([w8a8_blocks.layout(w) for w, _ in parts])
     views, b0 = [], 0
     for (_, s), n in zip(parts, ns):
         nb = -(-n // 16)

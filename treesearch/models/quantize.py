@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from treesearch.models import int8_blocks, int8_kernel, w8a8_kernel
+from treesearch.models import int8_blocks, int8_kernel, w8a8_blocks, w8a8_kernel
 
 MODEL_TYPES = ("llama", "qwen2")
 # int8a8: int8's weights with each decoder layer's input rounded to int8 a block of 32 at a time and
@@ -245,7 +245,7 @@ def _a8_views(mods: list[Any]) -> tuple[list[W8A8Linear], tuple[torch.Tensor, to
     """`W8A8Linear`s of int8 modules over one buffer of their re-laid-out blocks, each a slice;
     and (that buffer, the modules' scales end to end)."""
     k = mods[0].in_features
-    parts = [w8a8_kernel.layout(int8_blocks.unblock(m.qweight, m.out_features)) for m in mods]
+    parts = [w8a8_blocks.layout(int8_blocks.unblock(m.qweight, m.out_features)) for m in mods]
     buffer = torch.cat(parts) if len(parts) > 1 else parts[0]
     out, b0 = [], 0
     for m, part in zip(mods, parts):
