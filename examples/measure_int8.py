@@ -112,7 +112,7 @@ def kernels(rows_list: list[int]) -> None:
     time): one JSON line per batch size."""
     import torch
 
-    from treesearch.models import int8_blocks, quantize, w8a8_blocks, w8a8_kernel
+    from treesearch.models import int8_blocks, quantize, w8a8_blocks
 
     warm, t0 = torch.randn(64, 896), time.perf_counter()
     while time.perf_counter() - t0 < 1.0:  # threads started, clocks up: the first batch size was off without

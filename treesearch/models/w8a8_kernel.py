@@ -46,7 +46,6 @@ from treesearch.models.int8_kernel import cpu_flags
 from treesearch.models.paths import cache_dir
 from treesearch.models.w8a8_blocks import BLOCK, QB, SOURCE, padded, unlayout
 
-
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _state: dict[str, Any] = {}
