@@ -97,8 +97,39 @@ class W8A8Linear(nn.Module):
         y = w8a8_kernel.linear(x.reshape(-1, shape[-1]).float(), self.qweight, self.scale, self.bias)
         return y.view(*shape[:-1], self.out_features).to(x.dtype)
 
+    def weight_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """Rows idx of W s as float32 (a few output channels, e.g. the labels' rows of an LM head)."""
+        return _a8_rows(idx, self.qweight, self.scale, self.in_features)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, w8a8"
+
+
+class W8A8Embedding(nn.Module):
+    """Token embedding from a table laid out for the w8a8 product (the LM head's, when tied) with
+    a scale per row (dequantized per lookup)."""
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, k: int, padding_idx: int | None) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = scale.shape[0], k
+        self.padding_idx = padding_idx
+        self.register_buffer("qweight", weight, persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return _a8_rows(ids, self.qweight, self.scale, self.embedding_dim)
+
+
+def _a8_rows(ids: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, k: int) -> torch.Tensor:
+    """Rows ids (any shape) of a laid-out table (`w8a8_blocks.layout`) times their scales, as
+    float32 [*ids.shape, k]."""
+    flat = ids.reshape(-1).to(torch.int64)
+    picked = weight[flat // w8a8_blocks.BLOCK, :, flat % w8a8_blocks.BLOCK]  # [n, Kp/4, 4]
+    q = (picked.reshape(flat.shape[0], -1)[:, :k] ^ 0x80).view(torch.int8)
+    return (q.float() * scale.index_select(0, flat)[:, None]).view(*ids.shape, k)
 
 
 class Int8Embedding(nn.Module):
@@ -226,10 +257,10 @@ def _quantize_ends(model: Any) -> None:
 @torch.no_grad()
 def to_int8a8(model: Any) -> Any:
     """An int8 model (`quantize`, `from_state`) made int8a8 in place: each decoder layer's int8
-    matrices re-laid out for the w8a8 product (`w8a8_kernel.layout`; q/k/v and gate/up each one
-    buffer of its parts' blocks, the modules views of it), the int8 ones dropped; the embedding
-    and the LM head stay int8 (float32 activations). Made at each load from the int8 cache (no
-    second cache: the layouts differ)."""
+    matrices re-laid out for the w8a8 product (`w8a8_blocks.layout`; q/k/v and gate/up each one
+    buffer of its parts' blocks, the modules views of it), the int8 ones dropped; the LM head too
+    (its table shared with the embedding when tied; an untied embedding stays int8). Made at each
+    load from the int8 cache (no second cache: the layouts differ)."""
     for layer in model.model.layers:
         att, mlp = layer.self_attn, layer.mlp
         (att.q_proj, att.k_proj, att.v_proj), qkv = _a8_views([att.q_proj, att.k_proj, att.v_proj])
@@ -237,6 +268,11 @@ def to_int8a8(model: Any) -> Any:
         (att.o_proj,), _ = _a8_views([att.o_proj])
         (mlp.down_proj,), _ = _a8_views([mlp.down_proj])
         layer.int8 = Int8Layer(qkv, gu)  # the re-laid-out buffers (the int8 ones dropped)
+    base, head = model.model, model.lm_head
+    (model.lm_head,), _ = _a8_views([head])
+    if head.qweight is base.embed_tokens.qweight:  # tied: the embedding reads the head's new table
+        emb = base.embed_tokens
+        base.embed_tokens = W8A8Embedding(model.lm_head.qweight, emb.scale, emb.embedding_dim, emb.padding_idx)
     model.treesearch_quantization = "int8a8"
     return model
 
