@@ -272,7 +272,9 @@ def to_int8a8(model: Any) -> Any:
     (model.lm_head,), _ = _a8_views([head])
     if head.qweight is base.embed_tokens.qweight:  # tied: the embedding reads the head's new table
         emb = base.embed_tokens
-        base.embed_tokens = W8A8Embedding(model.lm_head.qweight, emb.scale, emb.embedding_dim, emb.padding_idx)
+        base.embed_tokens = W8A8Embedding(
+            model.lm_head.qweight, emb.scale, emb.embedding_dim, emb.padding_idx
+        )
     model.treesearch_quantization = "int8a8"
     return model
 
