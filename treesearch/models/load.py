@@ -75,7 +75,8 @@ def load_model(
     folder / hub id. device defaults to "cpu", dtype to float32. quantization "int8": every linear
     layer and the embedding as int8 (`treesearch.models.quantize`; Llama and Qwen2 on the CPU),
     converted once and cached on disk beside the float32 folder; "int8a8" (a prototype): int8's
-    weights with each decoder layer's inputs rounded to int8 too (`quantize.to_int8a8`).
+    weights with the inputs of every product (the layers', the LM head's) rounded to int8 too
+    (`quantize.to_int8a8`).
     """
     for hook in list(LOAD_HOOKS):
         hook(name)
