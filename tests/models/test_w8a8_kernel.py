@@ -213,3 +213,30 @@ def test_a_projections_parts_side_by_side_equal_each_part_alone(kernel, rows, k,
         torch.set_num_threads(1)
     alone = torch.cat([kernel.linear(x, w, s, b) for w, s, b in views], dim=1)
     assert torch.equal(y, alone if o is None else alone + o)
+
+
+def test_a_compiler_without_vnni_gets_the_avx2_build_and_none_the_torch_path(monkeypatch):
+    saved = dict(w8a8_kernel._state)
+    real = w8a8_kernel.build
+
+    def no_vnni(which, cc=None, defines=()):
+        if which == "vnni":
+            raise OSError("cc failed: unrecognized option -mavx512vnni")
+        return real(which, cc, defines)
+
+    def no_cc(which, cc=None, defines=()):
+        raise OSError("no cc")
+
+    try:
+        monkeypatch.setattr(w8a8_kernel, "variant", lambda flags=None: "vnni")
+        monkeypatch.setattr(w8a8_kernel, "build", no_vnni)
+        w8a8_kernel._state.clear()
+        assert w8a8_kernel.load() is not None and w8a8_kernel.reason().startswith("compiled (avx2")
+        monkeypatch.setattr(w8a8_kernel, "build", no_cc)
+        w8a8_kernel._state.clear()
+        with pytest.warns(RuntimeWarning, match="through torch"):
+            assert w8a8_kernel.load() is None
+        assert w8a8_kernel.reason() == "not available: no cc"
+    finally:
+        w8a8_kernel._state.clear()
+        w8a8_kernel._state.update(saved)

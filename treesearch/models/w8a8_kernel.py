@@ -114,12 +114,17 @@ def load() -> Any:
         elif which is None:
             _state["dll"], _state["reason"] = None, "not available: this CPU has neither AVX2+FMA nor AVX-512"
         else:
-            try:
-                dll, omp = build(which)
+            _state["dll"], _state["reason"] = None, "not available"
+            # a VNNI CPU runs the AVX2 build too, where the compiler lacks -mavx512vnni
+            for each in dict.fromkeys([which, "avx2"]):
+                try:
+                    dll, omp = build(each)
+                except (OSError, subprocess.SubprocessError) as e:
+                    _state["reason"] = f"not available: {e}"
+                    continue
                 _state["dll"] = dll
-                _state["reason"] = f"compiled ({which}{'' if omp else ', without OpenMP: one thread'})"
-            except (OSError, subprocess.SubprocessError) as e:
-                _state["dll"], _state["reason"] = None, f"not available: {e}"
+                _state["reason"] = f"compiled ({each}{'' if omp else ', without OpenMP: one thread'})"
+                break
         if _state["dll"] is None:
             warnings.warn(
                 f"the w8a8 kernel is {_state['reason']}; w8a8 layers multiply through torch (slower)",
