@@ -8,10 +8,10 @@ K hold 128 (w = 0). One 64-byte row of it (16 channels x 4 k) is one AVX-512 vec
 of `vpdpbusd` (unsigned x signed bytes, 4 products summed per int32 lane), or two AVX2 vectors of 8
 channels.
 
-Tiles (measured on one layer of the 0.5B, Xeon, 2 threads; `examples/measure_int8.py --kernels`):
-VNNI 6 rows x 2 vectors (12 int32 block sums and 12 float32 accumulators in registers) was the
-best of 4 x 3, 6 x 2, 8 x 2, 8 x 3, 12 x 1 and 4 x 4 at 16-256 rows (8 x 3, 12 x 1: 20-30% slower,
-spilling); AVX2 6 x 1 of 2 x 2, 3 x 2, 4 x 1, 4 x 2, 6 x 1, 8 x 1 and 12 x 1.
+Tiles (measured on the 0.5B's layer shapes, Xeon, 2 threads): VNNI 6 rows x 2 vectors (12 int32
+block sums and 12 float32 accumulators) was the best of 6 x 2, 8 x 2, 4 x 3, 6 x 3, 8 x 3, 4 x 4
+and 12 x 1 at 16-256 rows (8 x 2 and 4 x 3 2-9% slower, the others 9-38%); AVX2 6 x 1 of 2 x 2,
+3 x 2, 4 x 1, 4 x 2, 6 x 1, 8 x 1 and 12 x 1 (the others 3-25% slower at 64-256 rows).
 """
 
 from __future__ import annotations
