@@ -1,7 +1,9 @@
 """Decode step time and greedy agreement of int8 weights against float32, in one process.
 
     python examples/measure_int8.py [--model NAME] [--rows 1 4 16] [--steps 24] [--threads 2]
+    python examples/measure_int8.py --quantization int8 int8a8   # any two precisions
     python examples/measure_int8.py --kernels [--rows 1 4 16] [--threads 1]   # the product candidates
+    python examples/measure_int8.py --kernels --w8a8-build avx2   # w8a8's AVX2 build on a VNNI CPU
 
 Loads the model at both precisions, then for each batch size generates the same greedy rows
 through the fast decode step at float32 and at int8 in turn (interleaved rounds, so a busy
@@ -77,12 +79,13 @@ def best_ms(fn, reps: int) -> float:
     return best * 1e3
 
 
-def _candidates(x, w, q, qb, s, sb, qt, packed, rows: int) -> dict:
-    """The products compared, each a call of no arguments over one layer's operands."""
+def _candidates(x, w, q, qb, s, sb, qt, packed, rows: int, wl) -> dict:
+    """The products compared, each a call of no arguments over one layer's operands (wl: q laid out
+    for the w8a8 prototype, `treesearch.models.w8a8_kernel`)."""
     import torch
     import torch.nn.functional as F
 
-    from treesearch.models import int8_kernel
+    from treesearch.models import int8_kernel, w8a8_kernel
 
     def int_mm():  # int8 x int8 -> int32 (oneDNN) needs more than 16 rows: padded to 17
         xs = x.abs().amax(1, keepdim=True) / 127
@@ -97,16 +100,23 @@ def _candidates(x, w, q, qb, s, sb, qt, packed, rows: int) -> dict:
         "int8 kernel": lambda: int8_kernel.linear(x, qb, s),
         "_weight_int8pack_mm bf16": lambda: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), q, sb),
         "_int_mm per-row int8": int_mm,
+        "w8a8 kernel": lambda: w8a8_kernel.linear(x, wl, s),
+        "w8a8 rounding only": lambda: w8a8_kernel.quantize_c(x, w8a8_kernel.load()),
     }
 
 
 def kernels(rows_list: list[int]) -> None:
     """The Qwen2.5-Coder-0.5B's linear layers summed, per candidate product, as ratios to float32
-    packed for oneDNN (what the fast decode step runs): one JSON line per batch size."""
+    packed for oneDNN (what the fast decode step runs), w8a8's also to the int8 kernel, and the
+    w8a8 rounding of activations alone in microseconds per row (its share of the w8a8 product's
+    time): one JSON line per batch size."""
     import torch
 
-    from treesearch.models import int8_blocks, quantize
+    from treesearch.models import int8_blocks, quantize, w8a8_blocks
 
+    warm, t0 = torch.randn(64, 896), time.perf_counter()
+    while time.perf_counter() - t0 < 1.0:  # threads started, clocks up: the first batch size was off without
+        torch.nn.functional.linear(warm, warm)
     for rows in rows_list:
         ms: dict[str, float] = {}
         for k, n in SHAPES_05B:
@@ -116,24 +126,31 @@ def kernels(rows_list: list[int]) -> None:
             packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)
 
             qb = int8_blocks.block(q)  # the kernel's layout (`treesearch.models.quantize` holds it)
-            candidates = _candidates(x, w, q, qb, s, sb, qt, packed, rows)
+            candidates = _candidates(x, w, q, qb, s, sb, qt, packed, rows, w8a8_blocks.layout(q))
             for name, fn in candidates.items():
                 ms[name] = ms.get(name, 0.0) + best_ms(fn, 2 if "_int_mm" in name else 10)
-        base = ms["float32 oneDNN packed"]
-        print(
-            json.dumps({"rows": rows, **{k: f"{v:.2f} ms ({base / v:.2f}x)" for k, v in ms.items()}}),
-            flush=True,
-        )
+        base, rounding = ms["float32 oneDNN packed"], ms.pop("w8a8 rounding only")
+        line = {"rows": rows, **{k: f"{v:.2f} ms ({base / v:.2f}x)" for k, v in ms.items()}}
+        line["w8a8 vs int8 kernel"] = f"{ms['int8 kernel'] / ms['w8a8 kernel']:.2f}x"
+        line["w8a8 rounding"] = f"{rounding * 1e3 / rows:.2f} us/row ({rounding / ms['w8a8 kernel']:.0%})"
+        print(json.dumps(line), flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
+    ap.add_argument(
+        "--quantization", nargs=2, default=["float32", "int8"], metavar=("REF", "OTHER"),
+        help="the two precisions compared (default: float32 int8; e.g. int8 int8a8)",
+    )  # fmt: skip
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--kernels", action="store_true", help="time the candidate products instead")
+    ap.add_argument(
+        "--w8a8-build", choices=["vnni", "avx2"], help="w8a8's build to time (default: this CPU's)"
+    )
     args = ap.parse_args()
     import torch
 
@@ -143,14 +160,22 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.kernels:
-        print(json.dumps({"int8_kernel": int8_kernel.reason(), "threads": torch.get_num_threads()}))
+        from treesearch.models import w8a8_kernel
+
+        if args.w8a8_build:
+            w8a8_kernel.load()
+            w8a8_kernel._state["dll"] = w8a8_kernel.build(args.w8a8_build)[0]
+            w8a8_kernel._state["reason"] = f"compiled ({args.w8a8_build}, asked for)"
+        kind = {"int8_kernel": int8_kernel.reason(), "w8a8_kernel": w8a8_kernel.reason()}
+        print(json.dumps({**kind, "threads": torch.get_num_threads()}))
         kernels(args.rows)
         return
-    lms = {q: load_model(args.model, quantization=q) for q in ("float32", "int8")}
+    ref, other = args.quantization
+    lms = {q: load_model(args.model, quantization=q) for q in (ref, other)}
     print(
         json.dumps(
             {
-                "model": lms["int8"].name,
+                "model": lms[other].name,
                 "int8_kernel": int8_kernel.reason(),
                 "threads": torch.get_num_threads(),
                 "weight_mb": {q: round(weight_bytes(lm.model) / 1e6, 1) for q, lm in lms.items()},
@@ -159,21 +184,21 @@ def main() -> None:
     )
     for rows in args.rows:
         prompts = [PROMPT.format(PUZZLES[i % len(PUZZLES)]) for i in range(rows)]
-        ms: dict[str, list[float]] = {"float32": [], "int8": []}
+        ms: dict[str, list[float]] = {ref: [], other: []}
         toks: dict[str, list[list[int]]] = {}
         for _ in range(args.rounds):
             for q, lm in lms.items():
                 toks[q], times = timed_generate(lm, prompts, args.steps)
                 ms[q] += times[2:]  # the first steps pay first-call costs
-        f32, i8 = statistics.median(ms["float32"]), statistics.median(ms["int8"])
+        a, b = statistics.median(ms[ref]), statistics.median(ms[other])
         print(
             json.dumps(
                 {
                     "rows": rows,
-                    "float32_ms": round(f32, 2),
-                    "int8_ms": round(i8, 2),
-                    "int8_x": round(f32 / i8, 2),
-                    "greedy_agreement": round(agreement(toks["float32"], toks["int8"]), 3),
+                    f"{ref}_ms": round(a, 2),
+                    f"{other}_ms": round(b, 2),
+                    f"{other}_x": round(a / b, 2),
+                    "greedy_agreement": round(agreement(toks[ref], toks[other]), 3),
                 }
             ),
             flush=True,

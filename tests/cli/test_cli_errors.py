@@ -109,7 +109,7 @@ ERRORS = [
     ),
     (
         ["solve", "game24", "4 5 6 10", "--quantization", "int4"],
-        "argument --quantization: invalid choice: 'int4' (choose from 'float32', 'int8'); "
+        "argument --quantization: invalid choice: 'int4' (choose from 'float32', 'int8', 'int8a8'); "
         "see treesearch solve --help",
     ),
     (
@@ -122,7 +122,7 @@ ERRORS = [
     ),
     (
         ["bench", "game24", "--quantization", "float32,int4"],
-        "--quantization 'float32,int4': use one or more of float32, int8, comma-separated",
+        "--quantization 'float32,int4': use one or more of float32, int8, int8a8, comma-separated",
     ),
 ]
 

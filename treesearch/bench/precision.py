@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import resource
 
-ORDER = ("int8", "float32")  # least memory first: the process's high-water mark stays each run's own
+# least memory first: the process's high-water mark stays each run's own (int8a8 converts at load)
+ORDER = ("int8", "int8a8", "float32")
 
 
 def parse(text: str) -> list[str]:

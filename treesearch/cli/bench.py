@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantization",
         default="float32",
         metavar="P[,Q]",
-        help="weight precision(s): float32 (default), int8, or float32,int8 to run both side by side "
+        help="weight precision(s): float32 (default), int8, int8a8 (a prototype), or several "
+        "comma-separated (e.g. float32,int8) to run them side by side "
         "(int8's decision agreement with float32, speed ratios, peak memory)",
     )
     p.add_argument("--branches", type=int, default=8, help="branch: branches per question (default 8)")

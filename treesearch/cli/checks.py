@@ -225,12 +225,14 @@ def check_model_flags(args: argparse.Namespace) -> None:
     if dtype is not None and dtype not in DTYPE_NAMES:
         raise UsageError(f"--dtype {dtype}: use float32, bfloat16 or float16")
     quantizations = getattr(args, "quantization", None) or "float32"
-    if "int8" in quantizations.split(","):
+    for q in ("int8", "int8a8"):
+        if q not in quantizations.split(","):
+            continue
         device = getattr(args, "device", None) or "cpu"
         if not device.startswith("cpu"):
-            raise UsageError(f"--quantization int8 runs on the CPU only, not on {device}; use float32 there")
+            raise UsageError(f"--quantization {q} runs on the CPU only, not on {device}; use float32 there")
         if dtype not in (None, "float32", "fp32"):
-            raise UsageError(f"--quantization int8 computes in float32: drop --dtype {dtype}")
+            raise UsageError(f"--quantization {q} computes in float32: drop --dtype {dtype}")
     try:
         downloads = check_model(args.model)
     except ModelNotFoundError as exc:

@@ -48,6 +48,7 @@ def add_model_flag(p: argparse.ArgumentParser, model_help: str = MODEL_HELP) -> 
 QUANTIZATION_CHOICES = (
     "float32",
     "int8",
+    "int8a8",
 )  # `treesearch.models.quantize.QUANTIZATIONS` (not imported: no torch)
 
 
@@ -69,7 +70,8 @@ def add_quantization_flag(p: argparse.ArgumentParser) -> None:
         default="float32",
         choices=QUANTIZATION_CHOICES,
         help="weight precision: float32 (default) or int8 (a quarter of the weight bytes; Llama and "
-        "Qwen2 models on the CPU; converted once and cached)",
+        "Qwen2 models on the CPU; converted once and cached); int8a8: int8 with the layers' inputs "
+        "rounded to int8 too (a prototype)",
     )
 
 

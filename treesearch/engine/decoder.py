@@ -49,9 +49,9 @@ from treesearch.cache.direct_kv import DirectKV
 from treesearch.engine import attend_kernel, runs_kernel
 from treesearch.engine.attend_kernel import StepRuns
 from treesearch.engine.fused_step import FusedLayers
-from treesearch.engine.linear import FloatLinear, Linear
+from treesearch.engine.linear import A8Linear, FloatLinear, Linear
 from treesearch.engine.step_plan import Plan
-from treesearch.models.quantize import Int8Linear, is_quantized
+from treesearch.models.quantize import Int8Linear, W8A8Linear, is_quantized
 
 # "math" (matmul, softmax with its log-normaliser, matmul), "flash" (SDPA's CPU flash kernel: per
 # step in examples/measure_kv.py decode, several times slower over a 1,000-token prefix) or
@@ -101,7 +101,7 @@ def qualifies(model: Any) -> bool:
         ):
             return False
     if is_quantized(model):  # int8 weights (`treesearch.models.quantize`): CPU and float32 activations
-        return isinstance(model.lm_head, Int8Linear) and model.lm_head.bias is None
+        return isinstance(model.lm_head, (Int8Linear, W8A8Linear)) and model.lm_head.bias is None
     w = model.lm_head.weight
     return (
         w.dtype == torch.float32 and w.device.type == "cpu" and getattr(model.lm_head, "bias", None) is None
@@ -171,11 +171,13 @@ class Layer:
             (k.qweight, k.scale, k.bias),
             (v.qweight, v.scale, v.bias),
         ]
-        self.qkv = Linear(qkv, in_scale=ln1)
-        self.o = Linear([(att.o_proj.qweight, att.o_proj.scale, None)])
+        # int8a8 (`quantize.to_int8a8`): the w8a8 product, outside the compiled layer calls
+        lin: Any = A8Linear if q.qweight.dtype == torch.uint8 else Linear
+        self.qkv = lin(qkv, in_scale=ln1)
+        self.o = lin([(att.o_proj.qweight, att.o_proj.scale, None)])
         gu = [(m.qweight, m.scale, None) for m in (mlp.gate_proj, mlp.up_proj)]
-        self.gate_up = Linear(gu, in_scale=ln2)
-        self.down = Linear([(mlp.down_proj.qweight, mlp.down_proj.scale, None)])
+        self.gate_up = lin(gu, in_scale=ln2)
+        self.down = lin([(mlp.down_proj.qweight, mlp.down_proj.scale, None)])
         self.inter = mlp.gate_proj.out_features
 
 
@@ -196,11 +198,12 @@ class Decoder:
         self.hidden = cfg.hidden_size
         self.rotary = base.rotary_emb
         norm = base.norm.weight.detach()
-        self.head: Linear | FloatLinear
+        self.head: Linear | FloatLinear | A8Linear
         if is_quantized(model):  # the int8 table (shared with the head when tied): rows made per lookup
             emb, head = base.embed_tokens, model.lm_head
             self.embed = emb.forward
-            self.head = Linear([(head.qweight, head.scale, None)], in_scale=norm)
+            lin = A8Linear if head.qweight.dtype == torch.uint8 else Linear  # int8a8: the w8a8 product
+            self.head = lin([(head.qweight, head.scale, None)], in_scale=norm)
         else:
             weight = base.embed_tokens.weight.detach()
             self.embed = lambda ids: F.embedding(ids, weight)  # token ids -> rows

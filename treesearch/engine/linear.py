@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from treesearch.models import int8_kernel
+from treesearch.models import int8_kernel, w8a8_kernel
 
 # float32 products of up to this many rows go through the streaming kernel over the model's own
 # weights (`FloatLinear`); more, through oneDNN's packed copy. Alone on a 2-core EPYC (AVX2), two
@@ -58,6 +58,39 @@ class Linear:
         """These products for the compiled layer calls (`treesearch.engine.fused_step`); in_scale
         goes to them apart, as the RMSNorm weight."""
         return self._proj
+
+
+class A8Linear:
+    """`Linear` for int8a8 weights (`treesearch.models.quantize.to_int8a8`): the same parts, each W_i
+    laid out for the w8a8 product (`treesearch.models.w8a8_kernel`), xs rounded to int8 a block of
+    32 at a time, once for all parts. Not in the compiled layer calls (`fused_step`): a prototype."""
+
+    def __init__(
+        self,
+        parts: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+        *,
+        in_scale: torch.Tensor | None = None,
+    ) -> None:
+        biases = [None if b is None else b.detach().contiguous() for _, _, b in parts]
+        self.parts = [(w, s.contiguous(), b) for (w, s, _), b in zip(parts, biases)]
+        self.out_features = sum(s.shape[0] for _, s, _ in self.parts)
+        self.in_scale = in_scale
+        self._proj: w8a8_kernel.Proj | None = None  # made at the first call (its K is the input's)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return w8a8_kernel.project(self._scaled(x), self._made(x.shape[-1]))
+
+    def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """other + x W^T (+ b) in one kernel call (the residual connection)."""
+        return w8a8_kernel.project(self._scaled(x), self._made(x.shape[-1]), other)
+
+    def _made(self, k: int) -> w8a8_kernel.Proj:
+        if self._proj is None or self._proj.K != k:
+            self._proj = w8a8_kernel.proj(self.parts, k)
+        return self._proj
+
+    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.in_scale is None else x * self.in_scale
 
 
 class FloatLinear:

@@ -74,7 +74,9 @@ def load_model(
     of a real shape (`treesearch.models.dummy.known_names()`; timing only), or a Hugging Face model
     folder / hub id. device defaults to "cpu", dtype to float32. quantization "int8": every linear
     layer and the embedding as int8 (`treesearch.models.quantize`; Llama and Qwen2 on the CPU),
-    converted once and cached on disk beside the float32 folder.
+    converted once and cached on disk beside the float32 folder; "int8a8" (a prototype): int8's
+    weights with the inputs of every product (the layers', the LM head's) rounded to int8 too
+    (`quantize.to_int8a8`).
     """
     for hook in list(LOAD_HOOKS):
         hook(name)
@@ -83,9 +85,19 @@ def load_model(
     check_model(name)
     dtype = resolve_dtype(dtype)
     device = device or "cpu"
-    int8 = quantization == "int8"
+    int8 = quantization in ("int8", "int8a8")
     if int8:
         _check_int8_target(device, dtype)
+    lm = _load(name, device, dtype, int8)
+    if quantization == "int8a8":  # int8's weights (and cache), re-laid out for the w8a8 product
+        from treesearch.models.quantize import to_int8a8
+
+        to_int8a8(lm.model)
+    return lm
+
+
+def _load(name: str | None, device: str, dtype: Any, int8: bool) -> LanguageModel:
+    """`load_model`'s model at float32 or int8."""
     if name in ("tiny", TINY_QWEN2):
         lm = tiny_model(device=device, dtype=dtype, arch="qwen2" if name == TINY_QWEN2 else "llama")
         return _quantized_in_place(lm) if int8 else lm

@@ -30,10 +30,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from treesearch.models import int8_blocks, int8_kernel
+from treesearch.models import int8_blocks, int8_kernel, w8a8_blocks, w8a8_kernel
 
 MODEL_TYPES = ("llama", "qwen2")
-QUANTIZATIONS = ("float32", "int8")
+# int8a8: int8's weights with each decoder layer's input rounded to int8 a block of 32 at a time and
+# multiplied by integer dot products (`to_int8a8`; a prototype, docs/guide/precision.md)
+QUANTIZATIONS = ("float32", "int8", "int8a8")
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,6 +76,62 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
+class W8A8Linear(nn.Module):
+    """y = x (W s)^T (+ b) with x rounded to int8 a block of 32 values at a time
+    (`treesearch.models.w8a8_kernel`): qweight laid out for it ([ceil(out/16), Kp/4, 16, 4] uint8,
+    w + 128), s float32 [out]."""
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, k: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = k, scale.shape[0]
+        self.register_buffer("qweight", weight, persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.detach().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = w8a8_kernel.linear(x.reshape(-1, shape[-1]).float(), self.qweight, self.scale, self.bias)
+        return y.view(*shape[:-1], self.out_features).to(x.dtype)
+
+    def weight_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """Rows idx of W s as float32 (a few output channels, e.g. the labels' rows of an LM head)."""
+        return _a8_rows(idx, self.qweight, self.scale, self.in_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, w8a8"
+
+
+class W8A8Embedding(nn.Module):
+    """Token embedding from a table laid out for the w8a8 product (the LM head's, when tied) with
+    a scale per row (dequantized per lookup)."""
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, k: int, padding_idx: int | None) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = scale.shape[0], k
+        self.padding_idx = padding_idx
+        self.register_buffer("qweight", weight, persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return _a8_rows(ids, self.qweight, self.scale, self.embedding_dim)
+
+
+def _a8_rows(ids: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, k: int) -> torch.Tensor:
+    """Rows ids (any shape) of a laid-out table (`w8a8_blocks.layout`) times their scales, as
+    float32 [*ids.shape, k]."""
+    flat = ids.reshape(-1).to(torch.int64)
+    picked = weight[flat // w8a8_blocks.BLOCK, :, flat % w8a8_blocks.BLOCK]  # [n, Kp/4, 4]
+    q = (picked.reshape(flat.shape[0], -1)[:, :k] ^ 0x80).view(torch.int8)
+    return (q.float() * scale.index_select(0, flat)[:, None]).view(*ids.shape, k)
+
+
 class Int8Embedding(nn.Module):
     """Token embedding from an int8 table [V, D] (blocked, `int8_blocks.block`) with a scale per row
     (dequantized per lookup)."""
@@ -102,8 +160,9 @@ class Int8Layer:
 
 
 def is_quantized(model: Any) -> bool:
-    """True when `quantize` has made model's weights int8."""
-    return bool(getattr(model, "treesearch_quantization", None) == "int8")
+    """True when `quantize` has made model's weights int8 (int8a8 too: its embedding and head are
+    int8's)."""
+    return getattr(model, "treesearch_quantization", None) in ("int8", "int8a8")
 
 
 def check_quantizable(model: Any) -> None:
@@ -193,6 +252,44 @@ def _quantize_ends(model: Any) -> None:
     else:
         model.lm_head = _blocked(*quantize_rows(model.lm_head.weight))
     model.treesearch_quantization = "int8"
+
+
+@torch.no_grad()
+def to_int8a8(model: Any) -> Any:
+    """An int8 model (`quantize`, `from_state`) made int8a8 in place: each decoder layer's int8
+    matrices re-laid out for the w8a8 product (`w8a8_blocks.layout`; q/k/v and gate/up each one
+    buffer of its parts' blocks, the modules views of it), the int8 ones dropped; the LM head too
+    (its table shared with the embedding when tied; an untied embedding stays int8). Made at each
+    load from the int8 cache (no second cache: the layouts differ)."""
+    for layer in model.model.layers:
+        att, mlp = layer.self_attn, layer.mlp
+        (att.q_proj, att.k_proj, att.v_proj), qkv = _a8_views([att.q_proj, att.k_proj, att.v_proj])
+        (mlp.gate_proj, mlp.up_proj), gu = _a8_views([mlp.gate_proj, mlp.up_proj])
+        (att.o_proj,), _ = _a8_views([att.o_proj])
+        (mlp.down_proj,), _ = _a8_views([mlp.down_proj])
+        layer.int8 = Int8Layer(qkv, gu)  # the re-laid-out buffers (the int8 ones dropped)
+    base, head = model.model, model.lm_head
+    (model.lm_head,), _ = _a8_views([head])
+    if head.qweight is base.embed_tokens.qweight:  # tied: the embedding reads the head's new table
+        emb = base.embed_tokens
+        base.embed_tokens = W8A8Embedding(
+            model.lm_head.qweight, emb.scale, emb.embedding_dim, emb.padding_idx
+        )
+    model.treesearch_quantization = "int8a8"
+    return model
+
+
+def _a8_views(mods: list[Any]) -> tuple[list[W8A8Linear], tuple[torch.Tensor, torch.Tensor]]:
+    """`W8A8Linear`s of int8 modules over one buffer of their re-laid-out blocks, each a slice;
+    and (that buffer, the modules' scales end to end)."""
+    k = mods[0].in_features
+    parts = [w8a8_blocks.layout(int8_blocks.unblock(m.qweight, m.out_features)) for m in mods]
+    buffer = torch.cat(parts) if len(parts) > 1 else parts[0]
+    out, b0 = [], 0
+    for m, part in zip(mods, parts):
+        out.append(W8A8Linear(buffer[b0 : b0 + part.shape[0]], m.scale, m.bias, k))
+        b0 += part.shape[0]
+    return out, (buffer, torch.cat([m.scale for m in mods]))
 
 
 def state(model: Any) -> dict[str, torch.Tensor]:
