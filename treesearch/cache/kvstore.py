@@ -221,6 +221,25 @@ class KVStore:
         self._count(nbytes)
         return seg
 
+    def open_rows(
+        self, capacities: list[int], make: Callable[[int], Any], reads: list[Chain]
+    ) -> list[Segment] | None:
+        """Open segments of these capacities for rows that read these chains (`open`; the chains
+        pinned meanwhile), all or none: None, nothing changed, when they do not fit beside the
+        chains made resident (`fits`), so no row recomputes any of its context for room it would
+        not get."""
+        if not self.fits(sum(capacities) * self.bytes_per_token, reads):
+            return None
+        for chain in reads:
+            self.pin(chain)
+        try:
+            segs = [self.open(n, make) for n in capacities]
+        finally:
+            for chain in reads:
+                self.unpin(chain)
+        assert all(s is not None for s in segs), "the room `fits` counted holds them"
+        return segs  # type: ignore[return-value]
+
     def open_bytes(self, seg: Segment) -> int:
         """Bytes an open segment holds: its buffer, token by token."""
         return int(seg.kv.shape[3]) * self.bytes_per_token

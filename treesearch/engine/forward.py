@@ -132,19 +132,24 @@ class Forward:
         starts: list[int],
         sinks: list[Sink],
         charge: Sequence[Stats],
-    ) -> torch.Tensor:
+        *,
+        want_logits: bool = True,
+        exit_rule: Callable | None = None,
+        exits: Any = None,
+        label_ids: list[int] | None = None,
+        capture: list | None = None,
+    ) -> Any:
         """`prefill` of each row's new tokens over its prefix, writing their K/V straight into the
         row's own tensor (sinks[b]: kv [L, 2, Hkv, cap, d] and the position its first new token
-        goes to: a generate row's open segment) instead of a batch buffer (`DirectKV`). Returns the
-        last-position logits [B, V]."""
+        goes to: a generate or score row's open segment) instead of a batch buffer (`DirectKV`).
+        Returns `prefill`'s result (by default the last-position logits [B, V])."""
         t0 = time.perf_counter()
-        lm = self.lm
         lens = [len(t) for t in news]
-        batch = DirectKV(sinks, lens, lm.device)
+        batch = DirectKV(sinks, lens, self.lm.device)
         batch.set_prefixes(prefixes)
-        logits = self._chunk(batch, news, starts, True, None, None, None, None)
+        result = self._chunk(batch, news, starts, want_logits, exit_rule, exits, label_ids, capture)
         self._count(charge, lens, t0)
-        return logits
+        return result
 
     def _chunk(self, batch, news, starts, want_logits, exit_rule, exits, label_ids, capture) -> Any:
         """Run each row's new tokens (padded to the longest) at positions starts[b].. through the
@@ -272,7 +277,6 @@ class Forward:
                         h, pos, last = h[idx], pos[idx], last[idx]
                         pe = (pe[0][idx], pe[1][idx])
                         rows = torch.arange(len(keep), device=h.device)
-                        assert isinstance(batch, BatchKV), "per-row exits run on a batch buffer"
                         batch.select(keep)
                 elif verdict:
                     return probs, i + 1
