@@ -334,17 +334,19 @@ class KVStore:
         while self.bytes_held + self.reserved + nbytes > self.budget:
             s = next(order, None)
             if s is None:
-                raise CacheBudgetError(
-                    f"cache_budget={self.budget} bytes cannot hold {nbytes} more bytes: {self.bytes_held} "
-                    "are held "
-                    "by segments running rows read and "
-                    f"{self.reserved} by "
-                    f"running batch buffers; raise --cache-budget to at least "
-                    f"{self.bytes_held + self.reserved + nbytes} or run fewer searches at once"
-                )
+                raise self.no_room(nbytes)
             self.evict(s)
             evicted.append(s)
         return evicted
+
+    def no_room(self, nbytes: int) -> CacheBudgetError:
+        """The error for `nbytes` more that the budget cannot hold now, naming what would."""
+        return CacheBudgetError(
+            f"cache_budget={self.budget} bytes cannot hold {nbytes} more bytes: {self.bytes_held} are "
+            f"held by segments running rows read and {self.reserved} by running batch buffers; raise "
+            f"--cache-budget to at least {self.bytes_held + self.reserved + nbytes} or run fewer "
+            "searches at once"
+        )
 
     # -- owners and pins -------------------------------------------------------------------------
     def acquire(self, owner: Hashable, handle: tuple[Segment, int]) -> None:

@@ -9,16 +9,16 @@ per search, the prompt contexts that ran through each segment, so that when a se
 cache keeps what its prompts and the live searches' prompts use (few-shot templates) and forgets
 the rest (`end_search`).
 
-Budget rules (see `treesearch.cache.kvstore` and `treesearch.policies.rsbcm`): the budget bounds all K/V,
-running rows' open segments and forwards' own buffers included (`reserve`: a batch is counted
-before it is allocated). A call
-first checks that the budget can hold any one row's context and buffer, and a root prompt's
-blocks with it (else `CacheBudgetError` naming the minimum, before any forward); then each
-batch asks the store for its rows' own K/V (open segments, `KVStore.open_rows`), and a batch the
-store refuses is split (a row waits for room, which finished rows and eviction make). The K/V a call computes in passing (new prompt tokens, generated tokens) is optional: it is
+Budget rules (see `treesearch.cache.kvstore` and `treesearch.policies.rsbcm`): the budget bounds all
+K/V, running rows' open segments and forwards' own buffers included (`reserve`: a batch is counted
+before it is allocated). A call first checks that the budget can hold any one row's context and
+buffer, and a root prompt's blocks with it (else `CacheBudgetError` naming the minimum, before any
+forward); then each batch asks the store for its rows' own K/V (open segments, `KVStore.open_rows`),
+and a batch the store refuses is split (a row waits for room, which finished rows and eviction
+make). The K/V a call computes in passing (new prompt tokens, generated tokens) is optional: it is
 kept, whole or its first blocks, only in room that displaces nothing owned; what does not fit is
-kept as tokens, recomputed if ever needed (`stats.recomputed_tokens`). Results never depend on
-the budget.
+kept as tokens, recomputed if ever needed (`stats.recomputed_tokens`). Results never depend on the
+budget.
 
 This module runs no model and calls nothing above it: the engine computes K/V (evicted segments
 made resident again, runs several rows share: `treesearch.engine.runner`) and hands it down.

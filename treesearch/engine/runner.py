@@ -60,9 +60,9 @@ class Runner:
         held: list[int],
         **kw: Any,
     ):
-        """One forward of each row's new tokens over its cached chain (shared runs,
-        recomputation, ASKS's pre-pass). Its buffer is counted against the budget first and
-        appended to `held`, which the caller unreserves."""
+        """One forward of each row's new tokens over its cached chain (ASKS's pre-pass). Its
+        buffer is counted against the budget first and appended to `held`, which the caller
+        unreserves."""
         need = len(news) * max(len(t) for t in news) * self.lm.kv_bytes_per_token
         self.cache.reserve(need)
         held.append(need)
@@ -72,14 +72,19 @@ class Runner:
     def compute(
         self, chains: list[Chain], news: list[list[int]], starts: list[int], charge: list[Stats]
     ) -> list[torch.Tensor]:
-        """Each row's new K/V (shared runs, recomputation), its buffer given back at once."""
-        held: list[int] = []
+        """Each row's new K/V (shared runs, recomputation), written by one forward into open
+        segments the store hands out (`open_segments`) and returned as tensors: the segments are
+        closed here and the caller stores the tensors (`refill`, `insert`), counted there again."""
+        store = self.cache.store
+        segs = self.open_segments([len(t) for t in news], chains)
         try:
-            batch, _ = self.prefill_rows(chains, news, starts, charge, held=held)
-            return [batch.row_kv(b, 0, len(t)) for b, t in enumerate(news)]
+            prefixes = [self.cache.prefix(c) for c in chains]
+            sinks = [(s.kv, 0) for s in segs]
+            self.forward.prefill_into(prefixes, news, starts, sinks, charge, want_logits=False)
+            return [s.kv for s in segs]
         finally:
-            for n in held:
-                self.cache.unreserve(n)
+            for s in segs:
+                store.close(s)
 
     def make_resident(self, chain: Chain, charge: Stats | None = None) -> None:
         make_resident(self.cache, self.compute, chain, charge)
@@ -108,19 +113,15 @@ class Runner:
             lm.num_layers, 2, lm.num_kv_heads, n, lm.head_dim, dtype=lm.dtype, device=lm.device
         )
 
-    def open_rows(self, rows: list[Row]) -> list[Segment]:
-        """An open segment in the store for each (planned) row's new tokens, which its forward
-        writes (`Forward.prefill_into`): the store's answer (`KVStore.open_rows`), before any of
-        the rows' context is recomputed, or CacheBudgetError, nothing held."""
+    def open_segments(self, sizes: list[int], chains: list[Chain]) -> list[Segment]:
+        """Open segments in the store of these sizes (tokens) for rows that read these chains,
+        which their forward writes (`Forward.prefill_into`): the store's answer, all or none
+        (`KVStore.open_rows`), before any of the chains is recomputed; else CacheBudgetError,
+        nothing held."""
         store = self.cache.store
-        segs = store.open_rows([len(r.ids) - r.matched for r in rows], self.chunk, [r.chain for r in rows])
+        segs = store.open_rows(sizes, self.chunk, chains)
         if segs is None:
-            least = self.cache.need_bytes(rows, 0)
-            raise CacheBudgetError(
-                f"cache_budget={store.budget} bytes cannot hold the prompt K/V of {len(rows)} score "
-                f"row(s) beside what running rows read: they need at least {least} bytes; raise "
-                "--cache-budget or run fewer searches at once"
-            )
+            raise store.no_room(sum(sizes) * store.bytes_per_token + store.missing_bytes(chains))
         return segs
 
     def seal_prompts(self, rows: list[Row], segs: list[Segment], full: Sequence[bool]) -> list[Handle | None]:

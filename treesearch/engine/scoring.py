@@ -50,7 +50,7 @@ def score_batch(
     over it in place, then seal each full row's segment into the tree where it is (a row cut short
     by CGEE closes its own) and tag its owner."""
     runner.plan_rows(rows)
-    segs = runner.open_rows(rows)
+    segs = runner.open_segments([len(r.ids) - r.matched for r in rows], [r.chain for r in rows])
     store = runner.cache.store
     try:
         if runner.config.shares:
@@ -115,19 +115,14 @@ def _label_tails(
     """(row, label) -> log p of a multi-token label's tokens after its first
     (`treesearch.engine.labels`), for the rows that ran every layer, each over its chain and its
     prompt's new K/V in its open segment (read in place). That forward's own K/V goes to one more
-    open segment, closed when it is done (CacheBudgetError where the store has no room for it)."""
+    open segment, closed when it is done."""
     multi = [k for k, q in enumerate(seqs) if len(q) > 1]
     who = [(b, k) for b in range(len(rows)) if full[b] for k in multi]
     if not who:
         return {}
     store = runner.cache.store
     lens = [len(seqs[k]) - 1 for _, k in who]
-    own = store.open(sum(lens), runner.chunk)
-    if own is None:
-        raise CacheBudgetError(
-            f"cache_budget={store.budget} bytes leave no room for {sum(lens)} tokens of label K/V; "
-            "raise --cache-budget or run fewer searches at once"
-        )
+    (own,) = runner.open_segments([sum(lens)], [])
     try:
         got = tail_logprobs(
             runner.forward,
