@@ -2,8 +2,9 @@
 
 Every forward runs a batch of rows, each extending its own cached prefix (K/V tensors handed in by
 the caller; this module never sees the cache) through shared-prefix attention
-(`treesearch.cache.attention.BatchKV`). Work is charged to `Stats` here, where it is done:
-model_calls, prefill_tokens and decode_tokens.
+(`treesearch.cache.attention.BatchKV`; a prefill or scoring pass writes each row's new K/V into the
+row's own tensor instead, `treesearch.cache.direct_kv.DirectKV`). Work is charged to `Stats` here,
+where it is done: model_calls, prefill_tokens and decode_tokens.
 """
 
 from __future__ import annotations

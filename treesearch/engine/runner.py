@@ -1,10 +1,9 @@
 """The model work of the local engine's steps, over the cache manager and the forward below it:
-forwards over cached chains (each buffer counted against the budget before it is allocated),
-evicted K/V made resident again (recomputed from its nearest cached ancestor, as a prefill),
-planning a batch (cached prefixes, runs several rows share computed once, ASKS), a score row's
-open segment in the store and its prompt sealed there, and turning a finished row into its
-`Generation`. The scheduler holds one; the cache never calls
-up into it."""
+forwards over cached chains, each row's new K/V written into an open segment the store hands out
+before the forward (ASKS's pre-pass: a buffer reserved first), evicted K/V made resident again
+(recomputed from its nearest cached ancestor, as a prefill), planning a batch (cached prefixes,
+runs several rows share computed once, ASKS), a score row's prompt sealed in place, and turning
+a finished row into its `Generation`. The scheduler holds one; the cache never calls up into it."""
 
 from __future__ import annotations
 
