@@ -96,6 +96,24 @@ def test_opening_evicts_in_policy_order_and_free_room_only_evicts_nothing():
     store.check_invariants()
 
 
+def test_open_rows_opens_every_rows_segment_or_none_and_counts_the_context_they_read():
+    # budget 4 blocks: root -- A[1..4] (read by the rows, evicted) -- and B[5..8] (unread, resident)
+    store = KVStore(bytes_per_token=BPT, block_size=BS, budget=4 * BLOCK)
+    a, _ = store.insert([], [1, 2, 3, 4], kv(4))
+    b, _ = store.insert([], [5, 6, 7, 8], kv(4))
+    store.evict(a)
+    # two rows of 5 and 3 new tokens: 8 tokens (2 blocks) + A made resident again (1) + B (1) fit
+    segs = store.open_rows([5, 3], kv, [[(a, 4)], [(a, 4)]])
+    assert segs is not None and [s.kv.shape[3] for s in segs] == [5, 3] and b.resident
+    assert store.bytes_held == BLOCK + 8 * BPT and a.pins == 0 and b.pins == 0  # the chains' pins let go
+    # one more token of room than is left once A is resident again: B is not evicted for it, nothing opens
+    assert store.open_rows([BS + 1], kv, [[(a, 4)]]) is None
+    assert store.bytes_held == BLOCK + 8 * BPT and b.resident and len(store.open_segments) == 2
+    (c,) = store.open_rows([2 * BS], kv, [[]])  # a row that reads nothing: B is evicted for it
+    assert not b.resident and store.eviction_log == [0, 1] and store.bytes_held == 16 * BPT
+    store.check_invariants()
+
+
 def test_a_sealed_segment_is_evictable_like_any_other():
     store = KVStore(bytes_per_token=BPT, block_size=BS, budget=2 * BLOCK)
     seg = store.open(BS, kv)

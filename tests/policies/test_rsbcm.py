@@ -242,7 +242,10 @@ def test_tight_budget_search_returns_the_same_tree_as_an_unbounded_one(tiny_lm):
         return s, s.solve(" start")
 
     _, full = run(None)
-    budget = int(0.25 * full.stats["peak_kv_bytes"])
+    # 30% of the unbounded peak (was 25%): that peak fell from 663552 to 589824 bytes once score
+    # batches wrote into the store instead of a buffer beside it, and a quarter of it fell below
+    # the search's least budget (155648, unchanged); 30% evicts and recomputes again
+    budget = int(0.3 * full.stats["peak_kv_bytes"])
     s, tight = run(budget)
     assert _signature(tight.tree) == _signature(full.tree)
     assert len(full.tree) == 13

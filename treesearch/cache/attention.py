@@ -97,21 +97,7 @@ class BatchKV:
         if self._mask is not None:  # rows dropped inside a forward (CGEE per-row exit)
             self._mask = self._mask.index_select(0, idx)
             self._flash = None  # the flash kernel's mask is remade for the rows kept
-        remap = {old: new for new, old in enumerate(keep)}
-        groups: list[tuple[Any, int, torch.Tensor | None]] = []
-        for kv, used, rows in self.groups:
-            if rows is None:  # every row attends over it; still true for the rows kept
-                groups.append((kv, used, None))
-                continue
-            kept = [remap[r] for r in rows.tolist() if r in remap]
-            if kept:
-                t = (
-                    None
-                    if len(kept) == len(keep)
-                    else torch.tensor(kept, dtype=torch.long, device=self.k.device)
-                )
-                groups.append((kv, used, t))
-        self.groups = groups
+        self.groups = select_groups(self.groups, keep, self.k.device)
 
     def row_run(self, row: int) -> torch.Tensor:
         """Row's whole buffer as a prefix run [L, 2, Hkv, cap, d], in place (no copy): a row that
@@ -141,6 +127,21 @@ def group_prefixes(prefixes: list[Prefix], device: Any) -> Groups:
         (kv, used, None if len(rows) == b else torch.tensor(rows, dtype=torch.long, device=device))
         for kv, used, rows in by_key.values()
     ]
+
+
+def select_groups(groups: Groups, keep: list[int], device: Any) -> Groups:
+    """The groups of a batch cut to the rows `keep` (in this order, renumbered from 0)."""
+    remap = {old: new for new, old in enumerate(keep)}
+    out: Groups = []
+    for kv, used, rows in groups:
+        if rows is None:  # every row attends over it; still true for the rows kept
+            out.append((kv, used, None))
+            continue
+        kept = [remap[r] for r in rows.tolist() if r in remap]
+        if kept:
+            t = None if len(kept) == len(keep) else torch.tensor(kept, dtype=torch.long, device=device)
+            out.append((kv, used, t))
+    return out
 
 
 def causal_mask(keys: torch.Tensor, write_pos: int, n: int) -> torch.Tensor:

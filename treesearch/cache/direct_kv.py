@@ -1,6 +1,7 @@
 """Shared-prefix attention for a prefill whose rows write their new K/V straight into tensors
-they own (`DirectKV`): a generate row's open segment in the store (`treesearch.cache.kvstore`,
-note 8), handed in as a tensor and an offset; this module knows nothing of the store.
+they own (`DirectKV`): a generate or score row's open segment in the store
+(`treesearch.cache.kvstore`, note 8), handed in as a tensor and an offset; this module knows
+nothing of the store.
 
 Where `BatchKV` keeps a padded buffer for the batch and the caller copies each row's K/V out of
 it, here each layer's new K/V [B, Hkv, n, d] is attended over as it comes out of the projection
@@ -18,7 +19,14 @@ from typing import Any
 
 import torch
 
-from treesearch.cache.attention import Prefix, attend_chunk, causal_mask, flash_mask, group_prefixes
+from treesearch.cache.attention import (
+    Prefix,
+    attend_chunk,
+    causal_mask,
+    flash_mask,
+    group_prefixes,
+    select_groups,
+)
 
 Sink = tuple[torch.Tensor, int]  # a row's K/V home: (kv [L, 2, Hkv, capacity, d], first position to write)
 
@@ -63,3 +71,13 @@ class DirectKV:
         if self._flash is None:
             self._flash = flash_mask(self._mask, 0, q.dtype)
         return attend_chunk(q, ks, vs, self._mask, self._flash, self.groups, layer, scaling)
+
+    def select(self, keep: list[int]) -> None:
+        """Keep only these rows (in this order) for the rest of the forward (CGEE's per-row exits,
+        as `BatchKV.select`): the rows dropped write no more layers into their sinks."""
+        assert self._mask is not None, "rows are dropped inside a forward"
+        self.sinks = [self.sinks[j] for j in keep]
+        self.lens = [self.lens[j] for j in keep]
+        self._mask = self._mask.index_select(0, torch.tensor(keep, dtype=torch.long, device=self.device))
+        self._flash = None  # remade for the rows kept
+        self.groups = select_groups(self.groups, keep, self.device)

@@ -221,6 +221,25 @@ class KVStore:
         self._count(nbytes)
         return seg
 
+    def open_rows(
+        self, capacities: list[int], make: Callable[[int], Any], reads: list[Chain]
+    ) -> list[Segment] | None:
+        """Open segments of these capacities for rows that read these chains (`open`; the chains
+        pinned meanwhile), all or none: None, nothing changed, when they do not fit beside the
+        chains made resident (`fits`), so no row recomputes any of its context for room it would
+        not get."""
+        if not self.fits(sum(capacities) * self.bytes_per_token, reads):
+            return None
+        for chain in reads:
+            self.pin(chain)
+        try:
+            segs = [self.open(n, make) for n in capacities]
+        finally:
+            for chain in reads:
+                self.unpin(chain)
+        assert all(s is not None for s in segs), "the room `fits` counted holds them"
+        return segs  # type: ignore[return-value]
+
     def open_bytes(self, seg: Segment) -> int:
         """Bytes an open segment holds: its buffer, token by token."""
         return int(seg.kv.shape[3]) * self.bytes_per_token
@@ -315,17 +334,19 @@ class KVStore:
         while self.bytes_held + self.reserved + nbytes > self.budget:
             s = next(order, None)
             if s is None:
-                raise CacheBudgetError(
-                    f"cache_budget={self.budget} bytes cannot hold {nbytes} more bytes: {self.bytes_held} "
-                    "are held "
-                    "by segments running rows read and "
-                    f"{self.reserved} by "
-                    f"running batch buffers; raise --cache-budget to at least "
-                    f"{self.bytes_held + self.reserved + nbytes} or run fewer searches at once"
-                )
+                raise self.no_room(nbytes)
             self.evict(s)
             evicted.append(s)
         return evicted
+
+    def no_room(self, nbytes: int) -> CacheBudgetError:
+        """The error for `nbytes` more that the budget cannot hold now, naming what would."""
+        return CacheBudgetError(
+            f"cache_budget={self.budget} bytes cannot hold {nbytes} more bytes: {self.bytes_held} are "
+            f"held by segments running rows read and {self.reserved} by running batch buffers; raise "
+            f"--cache-budget to at least {self.bytes_held + self.reserved + nbytes} or run fewer "
+            "searches at once"
+        )
 
     # -- owners and pins -------------------------------------------------------------------------
     def acquire(self, owner: Hashable, handle: tuple[Segment, int]) -> None:

@@ -9,17 +9,16 @@ per search, the prompt contexts that ran through each segment, so that when a se
 cache keeps what its prompts and the live searches' prompts use (few-shot templates) and forgets
 the rest (`end_search`).
 
-Budget rules (see `treesearch.cache.kvstore` and `treesearch.policies.rsbcm`): the budget bounds all K/V,
-running rows' open segments and forwards' own buffers included (`reserve`: a batch is counted
-before it is allocated). A call
-first checks that the budget can hold any one row's context and buffer, and a root prompt's
-blocks with it (else `CacheBudgetError` naming the minimum, before any forward); `plan`
-then splits the rows into batches that fit, and a batch that still finds too little room when it
-reserves its buffer is split again (a row waits for room, which finished batches and eviction
+Budget rules (see `treesearch.cache.kvstore` and `treesearch.policies.rsbcm`): the budget bounds all
+K/V, running rows' open segments and forwards' own buffers included (`reserve`: a batch is counted
+before it is allocated). A call first checks that the budget can hold any one row's context and
+buffer, and a root prompt's blocks with it (else `CacheBudgetError` naming the minimum, before any
+forward); then each batch asks the store for its rows' own K/V (open segments, `KVStore.open_rows`),
+and a batch the store refuses is split (a row waits for room, which finished rows and eviction
 make). The K/V a call computes in passing (new prompt tokens, generated tokens) is optional: it is
 kept, whole or its first blocks, only in room that displaces nothing owned; what does not fit is
-kept as tokens, recomputed if ever needed (`stats.recomputed_tokens`). Results never depend on
-the budget.
+kept as tokens, recomputed if ever needed (`stats.recomputed_tokens`). Results never depend on the
+budget.
 
 This module runs no model and calls nothing above it: the engine computes K/V (evicted segments
 made resident again, runs several rows share: `treesearch.engine.runner`) and hands it down.
@@ -202,21 +201,14 @@ class CacheManager:
 
     def need_bytes(self, rows: list[Row], extra: int, must: Sequence[Row] = ()) -> int:
         """All K/V a batch of these (looked-up) rows holds at once: what is pinned now, the
-        chains of the rows and of `must` (rows whose prompts stay cached) made resident, and what
-        the batch adds (`batch_bytes`)."""
-        chains, add = self.batch_bytes(rows, extra, must)
-        return self.store.pinned_bytes([p for c in chains for p in c]) + add
-
-    def batch_bytes(self, rows: list[Row], extra: int, must: Sequence[Row] = ()) -> tuple[list[Chain], int]:
-        """What a batch of these (looked-up) rows reads, the chains of the rows and of `must`, and
-        the bytes it adds: the new blocks of every must-store row and the batch buffer
-        (rows x (longest new part + extra))."""
+        chains of the rows and of `must` (rows whose prompts stay cached) made resident, the new
+        blocks of every must-store row and the rows' own K/V (rows x (longest new part + extra))."""
         store = self.store
         keep = list({id(r): r for r in [*must, *(r for r in rows if r.must_store)]}.values())
         blocks = sum(_ceil(len(r.ids) - r.matched, store.block_size) for r in keep)
         longest = max((len(r.ids) - r.matched for r in rows), default=0)
-        add = blocks * store.block_bytes + len(rows) * (longest + extra) * store.bytes_per_token
-        return [r.chain for r in [*rows, *keep]], add
+        pinned = store.pinned_bytes([p for r in [*rows, *keep] for p in r.chain])
+        return pinned + blocks * store.block_bytes + len(rows) * (longest + extra) * store.bytes_per_token
 
     def check_budget(self, rows: list[Row], extra: int, *, fail: bool = True) -> None:
         """Fail before any work when the budget cannot run every row: what must stay cached (the

@@ -2,8 +2,9 @@
 
 Every forward runs a batch of rows, each extending its own cached prefix (K/V tensors handed in by
 the caller; this module never sees the cache) through shared-prefix attention
-(`treesearch.cache.attention.BatchKV`). Work is charged to `Stats` here, where it is done:
-model_calls, prefill_tokens and decode_tokens.
+(`treesearch.cache.attention.BatchKV`; a prefill or scoring pass writes each row's new K/V into the
+row's own tensor instead, `treesearch.cache.direct_kv.DirectKV`). Work is charged to `Stats` here,
+where it is done: model_calls, prefill_tokens and decode_tokens.
 """
 
 from __future__ import annotations
@@ -132,19 +133,24 @@ class Forward:
         starts: list[int],
         sinks: list[Sink],
         charge: Sequence[Stats],
-    ) -> torch.Tensor:
+        *,
+        want_logits: bool = True,
+        exit_rule: Callable | None = None,
+        exits: Any = None,
+        label_ids: list[int] | None = None,
+        capture: list | None = None,
+    ) -> Any:
         """`prefill` of each row's new tokens over its prefix, writing their K/V straight into the
         row's own tensor (sinks[b]: kv [L, 2, Hkv, cap, d] and the position its first new token
-        goes to: a generate row's open segment) instead of a batch buffer (`DirectKV`). Returns the
-        last-position logits [B, V]."""
+        goes to: a generate or score row's open segment) instead of a batch buffer (`DirectKV`).
+        Returns `prefill`'s result (by default the last-position logits [B, V])."""
         t0 = time.perf_counter()
-        lm = self.lm
         lens = [len(t) for t in news]
-        batch = DirectKV(sinks, lens, lm.device)
+        batch = DirectKV(sinks, lens, self.lm.device)
         batch.set_prefixes(prefixes)
-        logits = self._chunk(batch, news, starts, True, None, None, None, None)
+        result = self._chunk(batch, news, starts, want_logits, exit_rule, exits, label_ids, capture)
         self._count(charge, lens, t0)
-        return logits
+        return result
 
     def _chunk(self, batch, news, starts, want_logits, exit_rule, exits, label_ids, capture) -> Any:
         """Run each row's new tokens (padded to the longest) at positions starts[b].. through the
@@ -272,7 +278,6 @@ class Forward:
                         h, pos, last = h[idx], pos[idx], last[idx]
                         pe = (pe[0][idx], pe[1][idx])
                         rows = torch.arange(len(keep), device=h.device)
-                        assert isinstance(batch, BatchKV), "per-row exits run on a batch buffer"
                         batch.select(keep)
                 elif verdict:
                     return probs, i + 1

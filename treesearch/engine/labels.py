@@ -5,9 +5,11 @@
 for a label of tokens t_0 .. t_m. The first factor is read from the scoring pass itself (its
 last-position distribution over the vocabulary). The others come from one more forward, for all
 rows and all multi-token labels at once: each (prompt, label) row feeds t_0 .. t_{m-1} after
-the prompt, attending in place over the prompt's K/V (its cached chain plus the scoring pass's own
-buffer; nothing is copied per label), and reads log p(t_j) at each position. Labels of one token
+the prompt, attending in place over the prompt's K/V (its cached chain plus the open segment the
+scoring pass wrote; nothing is copied per label), and reads log p(t_j) at each position. Labels of one token
 need nothing more, so a problem whose labels are all single tokens scores exactly as before.
+
+`treesearch.engine.scoring` runs that forward for the rows of a batch that ran every layer.
 
 CGEE Level 2 reads the labels' first tokens through a logit lens; it needs labels whose first
 tokens differ. With labels that share a first token every verification runs all layers.
@@ -20,7 +22,11 @@ from typing import Any
 
 import torch
 
+from treesearch.cache.attention import Prefix
+from treesearch.cache.direct_kv import Sink
 from treesearch.common.errors import ProblemDefinitionError
+from treesearch.common.stats import Stats
+from treesearch.engine.forward import Forward
 
 
 def label_sequences(tokenizer: Any, labels: Sequence[str]) -> list[list[int]]:
@@ -45,13 +51,19 @@ def first_tokens_differ(seqs: Sequence[Sequence[int]]) -> bool:
 
 
 def tail_logprobs(
-    forward: Any, prefixes: list, tails: list[list[int]], starts: list[int], charge: list
+    forward: Forward,
+    prefixes: list[Prefix],
+    tails: list[list[int]],
+    starts: list[int],
+    charge: list[Stats],
+    sinks: list[Sink],
 ) -> list[float]:
     """For each row, sum_j log p(tail[j] | prefix, tail[:j]) over j >= 1: one forward of
-    tail[:-1] at absolute positions starts[b].. over the row's prefix (K/V runs read in place)."""
+    tail[:-1] at absolute positions starts[b].. over the row's prefix (K/V runs read in place),
+    its own K/V written to sinks[b]."""
     hidden: list[torch.Tensor] = []
-    forward.prefill(
-        prefixes, [t[:-1] for t in tails], starts, extra=0, want_logits=False, charge=charge, capture=hidden
+    forward.prefill_into(
+        prefixes, [t[:-1] for t in tails], starts, sinks, charge, want_logits=False, capture=hidden
     )
     logp = torch.log_softmax(forward.head(hidden[-1]), dim=-1)  # [B, n, V], the forward's own head
     out = []
@@ -59,38 +71,3 @@ def tail_logprobs(
         targets = torch.tensor(tail[1:], device=logp.device)
         out.append(float(logp[b, torch.arange(len(tail) - 1, device=logp.device), targets].sum()))
     return out
-
-
-def label_tails(
-    forward: Any,
-    cache: Any,
-    rows: list,
-    batch: Any,
-    per: list,
-    full: list[bool],
-    seqs: list[list[int]],
-    held: list[int],
-) -> dict[tuple[int, int], float]:
-    """(row, label) -> log p of a multi-token label's tokens after its first, for the rows of a
-    scoring batch that ran every layer. rows: the batch's `treesearch.cache.manager.Row`s; per[b][2]:
-    row b's row in the (possibly shrunk) batch buffer; the extra forward's buffer is reserved in
-    `cache` and appended to `held`, which the caller unreserves."""
-    multi = [k for k, q in enumerate(seqs) if len(q) > 1]
-    who = [(b, k) for b in range(len(rows)) if full[b] for k in multi]
-    if not who:
-        return {}
-    own = {}
-    for b, _ in who:
-        n = len(rows[b].ids) - rows[b].matched
-        own[b] = [(batch.row_kv(per[b][2], 0, n), n)]  # the prompt's new tokens, from the scoring pass
-    need = len(who) * max(len(seqs[k]) - 1 for k in multi) * forward.lm.kv_bytes_per_token
-    cache.reserve(need)
-    held.append(need)
-    got = tail_logprobs(
-        forward,
-        [cache.prefix(rows[b].chain) + own[b] for b, _ in who],
-        [seqs[k] for _, k in who],
-        [len(rows[b].ids) for b, _ in who],
-        [rows[b].stats for b, _ in who],
-    )
-    return dict(zip(who, got))

@@ -12,9 +12,10 @@ One call works in three phases:
    cached chain and earlier parts in place (`treesearch.cache.attention`);
 3. decode (generate only): one token per row per step until EOS, a stop string or max tokens.
 The K/V of each row's new prompt tokens and of its fed-back generated tokens is kept (exact
-mode), so a child's context never recomputes its parent's. Every batch buffer is counted against
-the cache budget before it is allocated (`CacheManager.reserve`), so `stats.peak_kv_bytes` (the
-store's blocks plus the running buffers, the most K/V held at once) stays within the budget.
+mode), so a child's context never recomputes its parent's. All K/V a forward writes is counted
+against the cache budget before it is allocated (open segments in the store; a buffer reserved
+with `CacheManager.reserve`), so `stats.peak_kv_bytes` (the store's blocks plus the running
+buffers, the most K/V held at once) stays within the budget.
 
 Searches: one after another (`new_search`, counted in `self.stats`), or several at once, each
 with its own `Stats` (`begin_search` / `end_search`), whose rows may share one call (`stats=`

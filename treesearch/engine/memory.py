@@ -6,8 +6,6 @@ generates, sealing them in place when it ends, the preemption order, and giving 
 
 from __future__ import annotations
 
-import torch
-
 from treesearch.cache.manager import Handle, Row
 from treesearch.common.errors import CacheBudgetError
 from treesearch.engine.runner import Runner
@@ -21,7 +19,6 @@ class RowMemory:
         self.runner = runner
         self.cache = runner.cache
         self.config = runner.config
-        self.lm = runner.lm
 
     def hold(self, g: GenRow, p: Row) -> bool:
         """Pin and make resident the row's chain and hold its own K/V: its fill (an open segment
@@ -47,8 +44,8 @@ class RowMemory:
             store.unpin(p.chain)
             return False
         cache.unreserve((new + first) * bpt)  # reserved with the rest, held from here on by its open segments
-        fill = store.open(new, self.chunk, evict=False)
-        seg = store.open(first, self.chunk, evict=False) if first else None
+        fill = store.open(new, self.runner.chunk, evict=False)
+        seg = store.open(first, self.runner.chunk, evict=False) if first else None
         assert fill is not None and (seg is not None or not first), "the room just reserved holds them"
         g.plan, g.pinned, g.filled, g.fill = p, p.chain, 0, fill
         g.chunks, g.step_bytes = ([seg] if seg is not None else []), bpt
@@ -69,7 +66,7 @@ class RowMemory:
         if not g.chunks or extra <= 0:
             return False
         store = self.cache.store
-        new = store.open(sum(s.used for s in g.chunks) + extra, self.chunk, evict=False)
+        new = store.open(sum(s.used for s in g.chunks) + extra, self.runner.chunk, evict=False)
         if new is None:
             return False  # only in free room: a copy is worth no cached block's eviction
         for seg in g.chunks:
@@ -78,12 +75,6 @@ class RowMemory:
             store.close(seg)
         g.chunks = [new]
         return True
-
-    def chunk(self, n: int) -> torch.Tensor:
-        lm = self.lm
-        return torch.zeros(
-            lm.num_layers, 2, lm.num_kv_heads, n, lm.head_dim, dtype=lm.dtype, device=lm.device
-        )
 
     def rank(self, g: GenRow) -> tuple:
         """Preemption order, lowest first: omega (RSBCM; LRU: none), then the latest admitted."""

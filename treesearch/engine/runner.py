@@ -1,9 +1,9 @@
 """The model work of the local engine's steps, over the cache manager and the forward below it:
-forwards over cached chains (each buffer counted against the budget before it is allocated),
-evicted K/V made resident again (recomputed from its nearest cached ancestor, as a prefill),
-planning a batch (cached prefixes, runs several rows share computed once, ASKS), storing prompts
-and turning a finished row into its `Generation`. The scheduler holds one; the cache never calls
-up into it."""
+forwards over cached chains, each row's new K/V written into an open segment the store hands out
+before the forward (ASKS's pre-pass: a buffer reserved first), evicted K/V made resident again
+(recomputed from its nearest cached ancestor, as a prefill), planning a batch (cached prefixes,
+runs several rows share computed once, ASKS), a score row's prompt sealed in place, and turning
+a finished row into its `Generation`. The scheduler holds one; the cache never calls up into it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from treesearch.backends.protocol import Generation
-from treesearch.cache.kvstore import Chain
+from treesearch.cache.kvstore import Chain, Segment
 from treesearch.cache.manager import CacheManager, Handle, Row
 from treesearch.cache.shared_runs import find_shared_runs
 from treesearch.common.config import RKSCConfig
@@ -57,36 +57,33 @@ class Runner:
         charge: list[Stats],
         *,
         held: list[int],
-        extra: int = 0,
-        want_logits: bool = False,
         **kw: Any,
     ):
-        """One forward of each row's new tokens over its cached chain. Its buffer is counted
-        against the budget first and appended to `held`, which the caller unreserves."""
-        need = len(news) * (max(len(t) for t in news) + extra) * self.lm.kv_bytes_per_token
+        """One forward of each row's new tokens over its cached chain (ASKS's pre-pass). Its
+        buffer is counted against the budget first and appended to `held`, which the caller
+        unreserves."""
+        need = len(news) * max(len(t) for t in news) * self.lm.kv_bytes_per_token
         self.cache.reserve(need)
         held.append(need)
-        return self.forward.prefill(
-            [self.cache.prefix(c) for c in chains],
-            news,
-            starts,
-            extra=extra,
-            want_logits=want_logits,
-            charge=charge,
-            **kw,
-        )
+        prefixes = [self.cache.prefix(c) for c in chains]
+        return self.forward.prefill(prefixes, news, starts, extra=0, want_logits=False, charge=charge, **kw)
 
     def compute(
         self, chains: list[Chain], news: list[list[int]], starts: list[int], charge: list[Stats]
     ) -> list[torch.Tensor]:
-        """Each row's new K/V (shared runs, recomputation), its buffer given back at once."""
-        held: list[int] = []
+        """Each row's new K/V (shared runs, recomputation), written by one forward into open
+        segments the store hands out (`open_segments`) and returned as tensors: the segments are
+        closed here and the caller stores the tensors (`refill`, `insert`), counted there again."""
+        store = self.cache.store
+        segs = self.open_segments([len(t) for t in news], chains)
         try:
-            batch, _ = self.prefill_rows(chains, news, starts, charge, held=held)
-            return [batch.row_kv(b, 0, len(t)) for b, t in enumerate(news)]
+            prefixes = [self.cache.prefix(c) for c in chains]
+            sinks = [(s.kv, 0) for s in segs]
+            self.forward.prefill_into(prefixes, news, starts, sinks, charge, want_logits=False)
+            return [s.kv for s in segs]
         finally:
-            for n in held:
-                self.cache.unreserve(n)
+            for s in segs:
+                store.close(s)
 
     def make_resident(self, chain: Chain, charge: Stats | None = None) -> None:
         make_resident(self.cache, self.compute, chain, charge)
@@ -107,41 +104,46 @@ class Runner:
                 for n in held:
                     self.cache.unreserve(n)
 
-    def prepare(self, rows: list[Row]) -> None:
-        """`plan_rows`, then pin the chains for the step and make them resident (a score batch)."""
-        if not self.config.shares:
-            return
-        self.plan_rows(rows)
-        hold_rows(self.cache, self.compute, rows)
+    # -- a row's own K/V in the store ----------------------------------------------------------------------
+    def chunk(self, n: int) -> torch.Tensor:
+        """A zeroed K/V tensor of n token slots [L, 2, Hkv, n, d]: an open segment's buffer."""
+        lm = self.lm
+        return torch.zeros(
+            lm.num_layers, 2, lm.num_kv_heads, n, lm.head_dim, dtype=lm.dtype, device=lm.device
+        )
 
-    # -- results ------------------------------------------------------------------------------------------
-    def store_prompts(
-        self,
-        rows: list[Row],
-        batch,
-        lens: list[int],
-        full: Sequence[bool] | None = None,
-        batch_rows: Sequence[int | None] | None = None,
-    ) -> list:
-        """Cache each row's new prompt K/V (a row cut short by CGEE stores none); returns the ends."""
+    def open_segments(self, sizes: list[int], chains: list[Chain]) -> list[Segment]:
+        """Open segments in the store of these sizes (tokens) for rows that read these chains,
+        which their forward writes (`Forward.prefill_into`): the store's answer, all or none
+        (`KVStore.open_rows`), before any of the chains is recomputed; else CacheBudgetError,
+        nothing held."""
+        store = self.cache.store
+        segs = store.open_rows(sizes, self.chunk, chains)
+        if segs is None:
+            raise store.no_room(sum(sizes) * store.bytes_per_token + store.missing_bytes(chains))
+        return segs
+
+    def seal_prompts(self, rows: list[Row], segs: list[Segment], full: Sequence[bool]) -> list[Handle | None]:
+        """Cache each full row's new prompt K/V where its forward wrote it: its segment sealed into
+        the tree (`CacheManager.seal_kv`, the tree `store_kv` would make), else (the tree holds
+        some of it already, or would keep only its first blocks) what `store_kv` keeps of it; a row
+        cut short by CGEE keeps none. Every segment not sealed is closed. Returns the ends."""
+        cache, store = self.cache, self.cache.store
         ends: list[Handle | None] = [None] * len(rows)
-        if not self.config.shares:
-            return ends
-        for b, r in enumerate(rows):
-            if full is None or full[b]:
-                brow = b if batch_rows is None else batch_rows[b]
-                assert brow is not None  # a row run to the last layer keeps its batch row
-                end = self.cache.store_kv(
-                    r.ids,
-                    r.matched,
-                    batch.row_kv(brow, 0, lens[b]),
-                    free_only=not r.must_store,
-                    charge=r.stats,
-                )
+        for b, (r, seg) in enumerate(zip(rows, segs)):
+            if self.config.shares and full[b]:
+                free_only = not r.must_store
+                end = cache.seal_kv(r.ids, r.matched, [seg], free_only=free_only, charge=r.stats)
+                if end is None:
+                    kv = seg.kv[:, :, :, : seg.used]
+                    end = cache.store_kv(r.ids, r.matched, kv, free_only=free_only, charge=r.stats)
                 ends[b] = end
-                self.cache.count_prompt(end, r.search)
+                cache.count_prompt(end, r.search)
+            if seg.id in store.open_segments:
+                store.close(seg)
         return ends
 
+    # -- results ------------------------------------------------------------------------------------------
     def generation(self, g: GenRow) -> Generation:
         """The result of a generate row that has ended; remembers its tokens, tags its owner."""
         text = self.lm.tokenizer.decode(g.gens, skip_special_tokens=True)

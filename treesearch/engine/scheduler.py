@@ -390,7 +390,7 @@ class Scheduler:
         if self.memory.regrow(g):
             return
         while g in self.running:
-            seg = self.cache.store.open(n, self.memory.chunk)
+            seg = self.cache.store.open(n, self.runner.chunk)
             if seg is None:
                 self._preempt(self._victim())
                 continue

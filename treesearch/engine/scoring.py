@@ -9,11 +9,12 @@ from collections.abc import Hashable
 from typing import Any, Protocol
 
 from treesearch.backends.protocol import Score
-from treesearch.cache.manager import CacheManager, Row, bare_copy
+from treesearch.cache.kvstore import Segment
+from treesearch.cache.manager import Row
 from treesearch.common.errors import CacheBudgetError
 from treesearch.common.stats import Stats
-from treesearch.engine.labels import label_tails
-from treesearch.engine.runner import Runner
+from treesearch.engine.labels import tail_logprobs
+from treesearch.engine.runner import Runner, hold_rows
 from treesearch.engine.running import Call, ScoreRow
 from treesearch.policies.cgee import RowExits
 
@@ -43,38 +44,46 @@ def score_batch(
     owners: list | None,
     exit_rule: Any,
 ) -> list[Score]:
-    """Score rows (looked up): prepare and hold their chains, run the pass, store each full row's
-    prompt K/V and tag its owner."""
-    runner.prepare(rows)
-    news = [r.ids[r.matched :] for r in rows]
-    held: list[int] = []
+    """Score rows: plan them, open a segment in the store for each row's new tokens (the store
+    answers whether they fit, CacheBudgetError if not, before any forward), pin and make resident
+    their chains, run the pass writing each prompt's K/V into its segment, read the label tails
+    over it in place, then seal each full row's segment into the tree where it is (a row cut short
+    by CGEE closes its own) and tag its owner."""
+    runner.plan_rows(rows)
+    segs = runner.open_segments([len(r.ids) - r.matched for r in rows], [r.chain for r in rows])
+    store = runner.cache.store
     try:
-        batch, out = runner.prefill_rows(
-            [r.chain for r in rows],
+        if runner.config.shares:
+            hold_rows(runner.cache, runner.compute, rows)
+        news = [r.ids[r.matched :] for r in rows]
+        out = runner.forward.prefill_into(
+            [runner.cache.prefix(r.chain) for r in rows],
             news,
             [r.matched for r in rows],
+            [(s.kv, 0) for s in segs],
             [_stats(r) for r in rows],
-            held=held,
-            want_logits=True,
             exit_rule=exit_rule,
             exits=RowExits(len(rows)),
             label_ids=[q[0] for q in seqs],
         )
+        for s, t in zip(segs, news):
+            s.used = len(t)
         for r in rows:
             _stats(r).reused_tokens += r.matched - r.prepass
-        if isinstance(out, RowExits):  # per-row exit: each row has its own depth and batch row
-            per = [(out.probs[b], out.layers[b], out.batch_row[b]) for b in range(len(rows))]
+        if isinstance(out, RowExits):  # per-row exit: each row has its own depth
+            per = [(out.probs[b], out.layers[b]) for b in range(len(rows))]
         else:
-            per = [(out[0][b], out[1], b) for b in range(len(rows))]
-        full = [layers == runner.lm.num_layers for _, layers, _ in per]
-        tails = label_tails(runner.forward, runner.cache, rows, batch, per, full, seqs, held)
-        ends = runner.store_prompts(rows, batch, [len(t) for t in news], full, [p[2] for p in per])
+            per = [(out[0][b], out[1]) for b in range(len(rows))]
+        full = [layers == runner.lm.num_layers for _, layers in per]
+        tails = _label_tails(runner, rows, segs, full, seqs)
+        ends = runner.seal_prompts(rows, segs, full)
     finally:
-        for n in held:
-            runner.cache.unreserve(n)
+        for s in segs:
+            if s.id in store.open_segments:
+                store.close(s)
     results = []
     for b, r in enumerate(rows):
-        probs, layers_run, _ = per[b]
+        probs, layers_run = per[b]
         if full[b]:  # whole sequences: the first token from this pass, the rest from the tails
             raw = {
                 lab: float(probs[q[0]]) * math.exp(tails.get((b, k), 0.0))
@@ -100,43 +109,32 @@ def score_batch(
     return results
 
 
-def plan_batches(cache: CacheManager, rows: list[Row], extra: int, max_batch: int) -> list[list[int]]:
-    """Split the rows (in order) into batches of at most max_batch whose K/V fits the budget
-    together with every row whose prompt must stay cached (`need_bytes`); without a budget,
-    batches of max_batch."""
-    must = [r for r in rows if r.must_store]
-    budget = cache.store.budget
-    for r in rows:  # a row whose cached context and buffer cannot fit together runs bare
-        if budget is not None and cache.need_bytes([r], extra, must) > budget >= cache.need_bytes(
-            [bare_copy(r)], extra, must
-        ):
-            r.bare, r.chain, r.matched = True, [], 0
-    out: list[list[int]] = []
-    cur: list[int] = []
-    for i, r in enumerate(rows):
-        if cur and (
-            len(cur) == max_batch
-            or (
-                cache.store.budget is not None
-                and cache.need_bytes([rows[j] for j in cur] + [r], extra, must) > cache.store.budget
-            )
-        ):
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
-
-
-def fits_beside_running(cache: CacheManager, part: list[Row], rows: list[Row]) -> bool:
-    """Whether a score batch's K/V fits now beside the running rows' reserved buffers: without
-    this check a batch that cannot fit would first recompute its evicted context (a template
-    shared by every score prompt) and only then fail on its own buffer, again every step while
-    the rows run. rows: the whole group (its must-store rows count as in `plan_batches`). The
-    store answers, for what the batch reads and adds."""
-    chains, add = cache.batch_bytes(part, 0, [r for r in rows if r.must_store])
-    return cache.store.fits(add, chains)
+def _label_tails(
+    runner: Runner, rows: list[Row], segs: list[Segment], full: list[bool], seqs: list[list[int]]
+) -> dict[tuple[int, int], float]:
+    """(row, label) -> log p of a multi-token label's tokens after its first
+    (`treesearch.engine.labels`), for the rows that ran every layer, each over its chain and its
+    prompt's new K/V in its open segment (read in place). That forward's own K/V goes to one more
+    open segment, closed when it is done."""
+    multi = [k for k, q in enumerate(seqs) if len(q) > 1]
+    who = [(b, k) for b in range(len(rows)) if full[b] for k in multi]
+    if not who:
+        return {}
+    store = runner.cache.store
+    lens = [len(seqs[k]) - 1 for _, k in who]
+    (own,) = runner.open_segments([sum(lens)], [])
+    try:
+        got = tail_logprobs(
+            runner.forward,
+            [runner.cache.prefix(rows[b].chain) + [(segs[b].kv, segs[b].used)] for b, _ in who],
+            [seqs[k] for _, k in who],
+            [len(rows[b].ids) for b, _ in who],
+            [_stats(rows[b]) for b, _ in who],
+            [(own.kv, sum(lens[:i])) for i in range(len(who))],
+        )
+    finally:
+        store.close(own)
+    return dict(zip(who, got))
 
 
 def run_scores(sched: ScoreQueue) -> None:
@@ -156,13 +154,8 @@ def _score_group(sched: ScoreQueue, items: list[ScoreRow]) -> bool:
     rule = args["exit_rule"]
     if rule is not None and len({id(it.call) for it in items}) > 1:
         rule = rule.fresh()  # an equivalent rule with no memory of any row (see `Engine.score`)
-    rows = [it.row for it in items]
-    if run.config.shares:
-        run.cache.lookup(rows)
-    for idx in plan_batches(run.cache, rows, 0, sched.max_rows):
-        part = [items[i] for i in idx]
-        if sched.rows_held() and not fits_beside_running(run.cache, [p.row for p in part], rows):
-            return False  # waits for running rows to finish, before recomputing any of its context
+    for i in range(0, len(items), sched.max_rows):
+        part = items[i : i + sched.max_rows]
         try:
             out = score_batch(
                 run, [p.row for p in part], args["labels"], args["seqs"], [p.owner for p in part], rule
@@ -173,7 +166,7 @@ def _score_group(sched: ScoreQueue, items: list[ScoreRow]) -> bool:
                 h = len(part) // 2
                 return _score_group(sched, part[:h]) and _score_group(sched, part[h:])
             if not part[0].row.bare and run.config.shares and not sched.rows_held():
-                part[0].row.bare = True  # its cached context and its buffer do not fit together
+                part[0].row.bare = True  # its cached context and its own K/V do not fit together
                 return _score_group(sched, part)
             if sched.rows_held():
                 return False  # waits for running rows to finish

@@ -315,14 +315,13 @@ def thresholds_for(config, model_name: str, task: str) -> Thresholds:
 
 class RowExits:
     """Per-row Level 2 exits of one scoring forward: each row's probabilities (label-renormalised
-    where it stopped early, over the vocabulary where it ran every layer), layers run, and its row
-    in the (shrunk) batch buffer when it ran in full (None when cut short: it stores no K/V)."""
+    where it stopped early, over the vocabulary where it ran every layer) and layers run (a row
+    cut short stores no K/V)."""
 
     def __init__(self, bsz: int) -> None:
         self.alive = list(range(bsz))  # original index of each row still running, in batch order
         self.probs: list = [None] * bsz
         self.layers = [0] * bsz
-        self.batch_row: list[int | None] = [None] * bsz
 
     def drop(self, stop: torch.Tensor, probs: torch.Tensor, layer: int) -> list[int] | None:
         """Record the rows marked in stop; returns the batch rows to keep, None when none stop."""
@@ -340,4 +339,4 @@ class RowExits:
     def finish(self, probs: torch.Tensor, layer: int) -> None:
         """The rows still running ran every layer; probs [B_alive, V] are their full distributions."""
         for j, b in enumerate(self.alive):
-            self.probs[b], self.layers[b], self.batch_row[b] = probs[j], layer, j
+            self.probs[b], self.layers[b] = probs[j], layer
