@@ -208,7 +208,9 @@ class Decoder:
             # time, and its weight is as large as the embedding table it is often tied to)
             self.head = FloatLinear([(model.lm_head.weight, 1.0, None)], in_scale=norm, pack=False)
         self.layers = [Layer(layer) for layer in base.layers]
-        self.fused = FusedLayers.make(self.layers, self.eps, self.heads, self.kv_heads, self.head_dim)
+        self.fused = FusedLayers.make(
+            self.layers, self.eps, self.heads, self.kv_heads, self.head_dim, self.head
+        )
         self.version = _weights_version(model)
 
     def stale(self, model: Any) -> bool:
@@ -275,8 +277,8 @@ class Decoder:
         threads = torch.get_num_threads()
         if FUSED and self.fused is not None and self.fused.takes(bsz):
             k_at, v_at = batch.k[:, :, :, write_pos], batch.v[:, :, :, write_pos]  # [L, B, Hkv, d]
-            x = self.fused.run(x, cos, sin, k_at, v_at, runs, fn, threads)
-            return self.head(self._norm(x))
+            out = self.fused.run(x, cos, sin, k_at, v_at, runs, fn, threads)
+            return out if self.fused.head is not None else self.head(self._norm(out))
         k_new = batch.k[:, :, :, write_pos].unbind(0)  # L x [B, Hkv, d]
         v_new = batch.v[:, :, :, write_pos].unbind(0)
         out = x.new_empty(bsz, hkv, heads // hkv, d)  # each layer's attention, read before the next's
