@@ -201,6 +201,21 @@ def test_fast_step_equals_layer_path_without_sharing(tiny_lm, prefill_path):
     assert [g.token_ids for g in out[True]] == [g.token_ids for g in out[False]]
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_steps_rope_table_is_the_rotary_embedding_at_each_rows_position(arch):
+    """A step reads cos and sin' from a table made for many positions at once (`_step_rope`): the
+    same bits as the model's rotary embedding at the step's own positions, as the table grows."""
+    dec = decoder.Decoder(tiny_model(seed=0, arch=arch).model)
+    half = dec.head_dim // 2
+    for positions in ([0], [5, 3, 1023], [1024], [0, 4000, 17], [2047, 2048, 9000]):
+        pos = torch.tensor(positions)[:, None]
+        cos, sin = dec.rotary(torch.zeros(len(positions), 1, 1), position_ids=pos)  # [B, 1, d]
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        c, s = dec._step_rope(positions)
+        assert c.shape == cos.shape and torch.equal(c, cos) and torch.equal(s, sin)
+    assert dec._rope_table[0].shape[0] >= 9001
+
+
 def test_a_weight_changed_in_place_is_repacked():
     lm = tiny_model(seed=1, num_layers=2)
     first = decoder.decoder_for(lm.model)

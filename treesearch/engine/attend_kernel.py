@@ -67,33 +67,71 @@ static inline void axpy(float *acc, float p, const float *v, int64_t d) {
     for (; x < d; x++) acc[x] += p * v[x];
 }
 
-/* Scores of M queries (qp[0..M)) against tokens [0, n) two at a time: 2 M independent FMA chains
-   where `dot` has one. Each score is summed in `dot`'s order (the same bits). d: a multiple of 8. */
-#define SCORES(M)                                                                                   \
-static void scores_##M(const float *const *qp, const float *k, int64_t tok, int64_t n, int64_t d,   \
-                       float *s, int64_t ldn) {                                                     \
+/* Tokens ahead that the score loops fetch K and V lines for: without it the step's attention
+   read its K/V from memory at about half the rate the products stream at (a hint only: it
+   changes no arithmetic, and past the end of a run it is a no-op). */
+#define AHEAD 16
+#define PREFETCH(p) __builtin_prefetch(p)
+
+#ifdef __AVX__
+#include <immintrin.h>
+/* hsum of four vectors at once, each in hsum's order ((a0+a4)+(a1+a5))+((a2+a6)+(a3+a7)) (the
+   same bits as four hsum calls): s[0..3] = hsum(a), hsum(b), hsum(c), hsum(e). */
+static inline void hsum4(v8 a, v8 b, v8 c, v8 e, float *s) {
+    __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps((__m256)a, (__m256)b, 0x20),
+                              _mm256_permute2f128_ps((__m256)a, (__m256)b, 0x31));
+    __m256 ce = _mm256_add_ps(_mm256_permute2f128_ps((__m256)c, (__m256)e, 0x20),
+                              _mm256_permute2f128_ps((__m256)c, (__m256)e, 0x31));
+    __m256 h = _mm256_hadd_ps(ab, ce); /* a01 a23 c01 c23 | b01 b23 e01 e23 */
+    __m128 r = _mm_hadd_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)); /* a c b e */
+    _mm_storeu_ps(s, _mm_shuffle_ps(r, r, _MM_SHUFFLE(3, 1, 2, 0)));
+}
+#else
+static inline void hsum4(v8 a, v8 b, v8 c, v8 e, float *s) {
+    s[0] = hsum(a), s[1] = hsum(b), s[2] = hsum(c), s[3] = hsum(e);
+}
+#endif
+
+/* The T scores of query j from the accumulators a[T][M], stored at s[0..T). */
+#define SUMS_4(a, j, s) hsum4(a[0][j], a[1][j], a[2][j], a[3][j], s)
+#define SUMS_2(a, j, s) ((s)[0] = hsum(a[0][j]), (s)[1] = hsum(a[1][j]))
+
+/* Scores of M queries (qp[0..M)) against tokens [0, n), T at a time: T M independent FMA chains
+   where `dot` has one. Each score is summed in `dot`'s order (the same bits). d: a multiple of 8.
+   v: the run's V, whose lines are fetched ahead beside K's (NULL: fetch nothing, the lines are
+   in cache already). */
+#define SCORES(M, T)                                                                                \
+static void scores_##M##_##T(const float *const *qp, const float *k, const float *v, int64_t tok,   \
+                             int64_t n, int64_t d, float *s, int64_t ldn) {                         \
     int64_t i = 0;                                                                                  \
-    for (; i + 2 <= n; i += 2) {                                                                    \
-        const float *k0 = k + i * tok, *k1 = k0 + tok;                                              \
-        v8 a0[M], a1[M];                                                                            \
-        for (int j = 0; j < M; j++) a0[j] = a1[j] = splat(0.0f);                                    \
+    for (; i + T <= n; i += T) {                                                                    \
+        const float *kt = k + i * tok;                                                              \
+        if (v)                                                                                      \
+            for (int t = 0; t < T; t++)                                                             \
+                for (int64_t x = 0; x < d; x += 16) {                                               \
+                    PREFETCH(kt + (AHEAD + t) * tok + x);                                           \
+                    PREFETCH(v + (i + AHEAD + t) * tok + x);                                        \
+                }                                                                                   \
+        v8 a[T][M];                                                                                 \
+        for (int t = 0; t < T; t++)                                                                 \
+            for (int j = 0; j < M; j++) a[t][j] = splat(0.0f);                                      \
         for (int64_t x = 0; x < d; x += 8) {                                                        \
-            v8 kv0 = ld(k0 + x), kv1 = ld(k1 + x);                                                  \
+            v8 kv[T];                                                                               \
+            for (int t = 0; t < T; t++) kv[t] = ld(kt + t * tok + x);                               \
             for (int j = 0; j < M; j++) {                                                           \
                 v8 qv = ld(qp[j] + x);                                                              \
-                a0[j] += qv * kv0;                                                                  \
-                a1[j] += qv * kv1;                                                                  \
+                for (int t = 0; t < T; t++) a[t][j] += qv * kv[t];                                  \
             }                                                                                       \
         }                                                                                           \
-        for (int j = 0; j < M; j++) s[j * ldn + i] = hsum(a0[j]), s[j * ldn + i + 1] = hsum(a1[j]); \
+        for (int j = 0; j < M; j++) SUMS_##T(a, j, s + j * ldn + i);                                \
     }                                                                                               \
     for (; i < n; i++)                                                                              \
         for (int j = 0; j < M; j++) s[j * ldn + i] = dot(qp[j], k + i * tok, d);                    \
 }
-SCORES(1)
-SCORES(2)
-SCORES(3)
-SCORES(4)
+SCORES(1, 4)
+SCORES(2, 4)
+SCORES(3, 4)
+SCORES(4, 2)
 
 /* acc[j] = sum_i p[j][i] v_i over tokens i in order, for M queries, 32 of the d values at a time
    held in registers (the order `axpy` adds in: the same bits). d: a multiple of 32. */
@@ -129,10 +167,11 @@ static void unit(const float *const *qp, int64_t nq, const float *k, const float
     if (d % 8 == 0) {
         for (int64_t j = 0; j < nq; j += 4) {
             int64_t m = nq - j < 4 ? nq - j : 4;
-            if (m == 4) scores_4(qp + j, k, tok, n, d, s + j * n, n);
-            else if (m == 3) scores_3(qp + j, k, tok, n, d, s + j * n, n);
-            else if (m == 2) scores_2(qp + j, k, tok, n, d, s + j * n, n);
-            else scores_1(qp + j, k, tok, n, d, s + j * n, n);
+            const float *pv = j ? 0 : v; /* the first pass fetches ahead */
+            if (m == 4) scores_4_2(qp + j, k, pv, tok, n, d, s + j * n, n);
+            else if (m == 3) scores_3_4(qp + j, k, pv, tok, n, d, s + j * n, n);
+            else if (m == 2) scores_2_4(qp + j, k, pv, tok, n, d, s + j * n, n);
+            else scores_1_4(qp + j, k, pv, tok, n, d, s + j * n, n);
         }
     } else {
         for (int64_t i = 0; i < n; i++) {
@@ -142,8 +181,17 @@ static void unit(const float *const *qp, int64_t nq, const float *k, const float
     }
     for (int64_t j = 0; j < nq; j++) {
         float *sj = s + j * n, m = sj[0];
-        for (int64_t i = 1; i < n; i++) m = sj[i] > m ? sj[i] : m;
-        int64_t i = 0;
+        int64_t i = 1;
+        if (n >= 16) { /* eight lanes at a time: a maximum is exact in any order */
+            v8 m8 = ld(sj);
+            for (i = 8; i + 8 <= n; i += 8) {
+                v8 x = ld(sj + i);
+                m8 = sel(x > m8, x, m8);
+            }
+            for (int l = 0; l < 8; l++) m = m8[l] > m ? m8[l] : m;
+        }
+        for (; i < n; i++) m = sj[i] > m ? sj[i] : m;
+        i = 0;
         v8 sum8 = splat(0.0f);
         for (; i + 8 <= n; i += 8) {
             v8 p = exp8(ld(sj + i) - splat(m));

@@ -197,6 +197,8 @@ class Decoder:
         self.eps = cfg.rms_norm_eps
         self.hidden = cfg.hidden_size
         self.rotary = base.rotary_emb
+        self._rope_table = (torch.empty(0, self.head_dim), torch.empty(0, self.head_dim))  # `_step_rope`
+        self.context = getattr(cfg, "max_position_embeddings", None) or 0
         norm = base.norm.weight.detach()
         self.head: Linear | FloatLinear | A8Linear
         if is_quantized(model):  # the int8 table (shared with the head when tied): rows made per lookup
@@ -211,7 +213,9 @@ class Decoder:
             # time, and its weight is as large as the embedding table it is often tied to)
             self.head = FloatLinear([(model.lm_head.weight, 1.0, None)], in_scale=norm, pack=False)
         self.layers = [Layer(layer) for layer in base.layers]
-        self.fused = FusedLayers.make(self.layers, self.eps, self.heads, self.kv_heads, self.head_dim)
+        self.fused = FusedLayers.make(
+            self.layers, self.eps, self.heads, self.kv_heads, self.head_dim, self.head
+        )
         self.version = _weights_version(model)
 
     def stale(self, model: Any) -> bool:
@@ -226,12 +230,9 @@ class Decoder:
         write_pos) -> next-token logits [B, V]. pack: the rows' own runs may be copied into one
         block for the step (up to PACK_SINGLES_BYTES); False under a cache budget, which bounds
         all K/V memory and does not count that copy."""
-        bsz, d = len(toks), self.head_dim
+        bsz = len(toks)
         x = self.embed(torch.tensor(toks))  # [B, D]
-        pos = torch.tensor(positions)[:, None]  # [B, 1]
-        cos, sin = self.rotary(x[:, None], position_ids=pos)  # [B, 1, d] each
-        half = d // 2
-        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        cos, sin = self._step_rope(positions)  # [B, 1, d] each
         batch.valid[:, write_pos] = True
         t = write_pos + 1
         fn = attend_kernel.load() if ATTENTION == "kernel" else None
@@ -278,8 +279,8 @@ class Decoder:
         threads = torch.get_num_threads()
         if FUSED and self.fused is not None and self.fused.takes(bsz):
             k_at, v_at = batch.k[:, :, :, write_pos], batch.v[:, :, :, write_pos]  # [L, B, Hkv, d]
-            x = self.fused.run(x, cos, sin, k_at, v_at, runs, fn, threads)
-            return self.head(self._norm(x))
+            out = self.fused.run(x, cos, sin, k_at, v_at, runs, fn, threads)
+            return out if self.fused.head is not None else self.head(self._norm(out))
         k_new = batch.k[:, :, :, write_pos].unbind(0)  # L x [B, Hkv, d]
         v_new = batch.v[:, :, :, write_pos].unbind(0)
         out = x.new_empty(bsz, hkv, heads // hkv, d)  # each layer's attention, read before the next's
@@ -294,6 +295,20 @@ class Decoder:
             runs.attend(fn, i, qk[:, :heads].view(bsz, hkv, heads // hkv, d), out, threads)
             x = self.dense(lw, attn, x)
         return self.head(self._norm(x))
+
+    def _step_rope(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`rope` at each row's position -> cos, sin' [B, 1, d], read from a table `rope` made
+        for positions 0..n-1 at once (each entry one product and its cos or sin: the same bits as
+        at one position), grown past the largest position asked for."""
+        cos, sin = self._rope_table
+        top = max(positions) + 1
+        if top > cos.shape[0]:  # doubled, up to the model's context (past it only as asked)
+            n = max(2 * cos.shape[0], 1024)
+            n = max(top, min(n, self.context) if self.context else n)
+            cos, sin = (t[0] for t in self.rope(torch.arange(n)[None]))  # [n, d] each
+            self._rope_table = cos, sin
+        at = torch.tensor(positions)
+        return cos[at, None], sin[at, None]
 
     def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin' (sin with its first half negated: rotate_half in one op) at positions pos

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from treesearch.models.int8_blocks import BLOCK, BLOCKED, blocks
+from treesearch.models.layer_kernel import LAYER, STEP_HEAD, type_layer_calls
 from treesearch.models.paths import cache_dir
 from treesearch.models.simd import VEC8
 
@@ -226,7 +227,7 @@ static void proj_$T(const ts_proj *p, const float *x, int64_t ldx, int64_t rows,
 
 """)
 
-_LAYER = string.Template(r"""
+_LINEAR = string.Template(r"""
 /* x [rows, K] (row stride ldx), w [N, K] (float32: row-major; int8: blocked, [ceil(N/16)][K][16]),
    scale [N] or NULL (1), bias [N] or NULL, other [rows, N] (row stride ldo) or NULL, y [rows, N]
    (row stride ldy). Channels are shared out over up to `threads` OpenMP threads. */
@@ -236,58 +237,21 @@ void ts_${T}_linear(const float *x, int64_t ldx, int64_t rows, int64_t K, const 
     ts_proj p = {1, K, {w, 0, 0}, {scale, 0, 0}, {bias, 0, 0}, {N, 0, 0}};
     proj_$T(&p, x, ldx, rows, other, ldo, y, ldy, threads);
 }
-
-/* A decoder layer up to its attention, for rows at once: RMSNorm of x (times ln, its weight),
-   the q/k/v projection, RoPE on q and k (cos, sin' [rows, d]: sin with its first half negated),
-   the new k and v written at (row b, kv head h) k + b kb + h kh (v likewise), q [rows, heads d].
-   xs [rows, K] and qkv [rows, (heads + 2 hkv) d] are scratch. */
-void ts_${T}_attn_in(const float *x, int64_t rows, const float *ln, float eps, const ts_proj *p,
-                     const float *cos, const float *sin, int64_t heads, int64_t hkv, int64_t d,
-                     float *k, int64_t kb, int64_t kh, float *v, int64_t vb, int64_t vh, float *q,
-                     float *xs, float *qkv, int64_t threads) {
-    int64_t K = p->K, n = (heads + 2 * hkv) * d, half = d / 2;
-    for (int64_t r = 0; r < rows; r++) rms_norm(x + r * K, K, ln, eps, xs + r * K);
-    proj_$T(p, xs, K, rows, 0, 0, qkv, n, threads);
-    for (int64_t r = 0; r < rows; r++) {
-        const float *c = cos + r * d, *s = sin + r * d, *src = qkv + r * n;
-        for (int64_t h = 0; h < heads + hkv; h++) {
-            const float *a = src + h * d;
-            float *dst = h < heads ? q + (r * heads + h) * d : k + r * kb + (h - heads) * kh;
-            for (int64_t i = 0; i < d; i++) dst[i] = a[i] * c[i] + a[i < half ? i + half : i - half] * s[i];
-        }
-        for (int64_t h = 0; h < hkv; h++) memcpy(v + r * vb + h * vh, src + (heads + hkv + h) * d, d * 4);
-    }
-}
-
-/* A decoder layer after its attention, x [rows, K] updated in place: x += attn o^T; then
-   x += silu(g) u down^T, [g u] = RMSNorm(x) ln gate_up^T. xs [rows, K], gu [rows, 2 inter] and
-   h [rows, inter] are scratch. */
-void ts_${T}_mlp(float *x, const float *attn, int64_t rows, const ts_proj *o, const float *ln,
-                 float eps, const ts_proj *gate_up, const ts_proj *down, float *xs, float *gu, float *h,
-                 int64_t threads) {
-    int64_t K = down->n[0], inter = down->K;
-    proj_$T(o, attn, o->K, rows, x, K, x, K, threads);
-    for (int64_t r = 0; r < rows; r++) rms_norm(x + r * K, K, ln, eps, xs + r * K);
-    proj_$T(gate_up, xs, K, rows, 0, 0, gu, 2 * inter, threads);
-    for (int64_t r = 0; r < rows; r++) {
-        const float *g = gu + r * 2 * inter;
-        silu_mul(g, g + inter, h + r * inter, inter);
-    }
-    proj_$T(down, h, inter, rows, x, K, x, K, threads);
-}
 """)
 
 SOURCE = (
     _HEAD
     + _PRODUCT.substitute(T="f32", WT="float", PF="15")
     + BLOCKED
-    + _LAYER.substitute(T="int8", WT="int8_t")
-    + _LAYER.substitute(T="f32", WT="float")
+    + _LINEAR.substitute(T="int8", WT="int8_t")
+    + _LINEAR.substitute(T="f32", WT="float")
+    + STEP_HEAD
+    + LAYER.substitute(T="int8", WT="int8_t")
+    + LAYER.substitute(T="f32", WT="float")
 )
 
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
-_F32 = ctypes.c_float
 _state: dict[str, Any] = {}
 FALLBACK_BLOCK = 1024  # output channels dequantized at a time by the torch path (4 MB at K = 1024)
 
@@ -346,14 +310,7 @@ def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
     dll.ts_int8_proj.restype = None
     dll.ts_int8_rows.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _PTR]
     dll.ts_int8_rows.restype = None
-    for t in ("int8", "f32"):
-        fn = getattr(dll, f"ts_{t}_attn_in")
-        fn.argtypes = [_PTR, _I64, _PTR, _F32, _PTR, _PTR, _PTR, _I64, _I64, _I64]
-        fn.argtypes += [_PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64]
-        fn.restype = None
-        fn = getattr(dll, f"ts_{t}_mlp")
-        fn.argtypes = [_PTR, _PTR, _I64, _PTR, _PTR, _F32, _PTR, _PTR, _PTR, _PTR, _PTR, _I64]
-        fn.restype = None
+    type_layer_calls(dll)
     return dll
 
 
