@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from treesearch.engine.attend_kernel import CHUNK, StepRuns
-from treesearch.engine.linear import KERNEL_ROWS, FloatLinear, Linear
+from treesearch.engine.linear import KERNEL_ROWS, A8Linear, FloatLinear, Linear
 from treesearch.models import int8_kernel
 from treesearch.models.layer_kernel import StepArgs
 
@@ -80,10 +80,11 @@ class FusedLayers:
         heads: int,
         kv_heads: int,
         head_dim: int,
-        head: Linear | FloatLinear | None = None,
+        head: Linear | FloatLinear | A8Linear | None = None,
     ) -> FusedLayers | None:
-        """The fused layers where every projection can run in the kernel; None otherwise. head:
-        the LM head (its in_scale the final RMSNorm's weight), run in the same call when given."""
+        """The fused layers where every projection can run in the kernel; None otherwise (int8a8's
+        A8Linear among them). head: the LM head (its in_scale the final RMSNorm's weight), run in
+        the same call when given."""
         if int8_kernel.load() is None or not layers:
             return None
         for lw in layers:
