@@ -22,17 +22,14 @@ before (`reason()` says why). The math is the same softmax, summed in another or
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from treesearch.models.paths import cache_dir
+from treesearch.models.cbuild import build_openmp
 
 # One row, one kv head: its g query heads' scores over every token of the row's runs, then the
 # softmax merged with the row's joint part (normalised output o and log-normaliser l: the state
@@ -160,36 +157,11 @@ def build(source: str, stem: str, name: str, argtypes: list) -> tuple[ctypes.CDL
     `<stem>-<hash>.so`, then load it and type its function `name`: with OpenMP where the compiler
     has it (-fopenmp links libgomp, which torch's CPU builds load already), else for one thread.
     -> (library, built with OpenMP)."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise OSError("no C compiler found (set CC, or install gcc)")
-    try:
-        dll, openmp = _compile(cc, [*_flags(), "-fopenmp"], source, stem), True
-    except OSError:
-        dll, openmp = _compile(cc, _flags(), source, stem), False
+    dll, openmp = build_openmp(source, stem, _flags())
     fn = getattr(dll, name)
     fn.argtypes = argtypes
     fn.restype = ctypes.c_int
     return dll, openmp
-
-
-def _compile(cc: str, flags: list[str], source: str, stem: str) -> ctypes.CDLL:
-    """source compiled with flags (cached by source, flags and compiler) and loaded."""
-    key = hashlib.sha256((source + " ".join(flags) + cc).encode()).hexdigest()[:16]
-    folder = cache_dir() / "kernels"
-    lib = folder / f"{stem}-{key}.so"
-    if not lib.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder) as tmp:
-            src, out = Path(tmp) / f"{stem}.c", Path(tmp) / f"{stem}.so"
-            src.write_text(source)
-            done = subprocess.run(
-                [cc, *flags, "-o", str(out), str(src), "-lm"], capture_output=True, text=True, timeout=120
-            )
-            if done.returncode != 0:
-                raise OSError(f"{cc} failed: {done.stderr.strip()[-300:]}")
-            os.replace(out, lib)
-    return ctypes.CDLL(str(lib))
 
 
 _ARGS = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64, _I64]

@@ -26,12 +26,10 @@ a row differently at another batch size); `reason()` says which, once.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import shutil
 import string
 import subprocess
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -39,9 +37,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from treesearch.models.cbuild import compile_library, compiler
 from treesearch.models.int8_blocks import BLOCK, BLOCKED, blocks
 from treesearch.models.layer_kernel import LAYER, STEP_HEAD, type_layer_calls
-from treesearch.models.paths import cache_dir
 from treesearch.models.simd import VEC8
 
 _HEAD = (
@@ -286,22 +284,8 @@ def _cflags(which: str) -> list[str]:
 
 
 def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
-    """SOURCE compiled with flags (cached by source, flags and compiler) and loaded."""
-    key = hashlib.sha256((SOURCE + " ".join(flags) + cc).encode()).hexdigest()[:16]
-    folder = cache_dir() / "kernels"
-    lib = folder / f"int8-{key}.so"
-    if not lib.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder) as tmp:
-            src, out = Path(tmp) / "int8.c", Path(tmp) / "int8.so"
-            src.write_text(SOURCE)
-            done = subprocess.run(
-                [cc, *flags, "-o", str(out), str(src), "-lm"], capture_output=True, text=True, timeout=120
-            )
-            if done.returncode != 0:
-                raise OSError(f"{cc} failed: {done.stderr.strip()[-300:]}")
-            os.replace(out, lib)
-    dll = ctypes.CDLL(str(lib))
+    """SOURCE compiled with flags (cached, `treesearch.models.cbuild`), loaded and typed."""
+    dll = compile_library(SOURCE, "int8", flags, cc)
     for name in ("ts_int8_linear", "ts_f32_linear"):
         fn = getattr(dll, name)
         fn.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _I64, _I64]
@@ -318,9 +302,7 @@ def build(which: str, cc: str | None = None) -> tuple[Any, bool]:
     """The library built for variant which ("avx512" or "avx2", `variant`) by cc (default: $CC, cc
     or gcc): (the loaded library, whether it has OpenMP). Raises OSError where it does not build.
     `load` builds this CPU's variant; tests build both where the CPU runs both."""
-    cc = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise OSError("no C compiler found (set CC, or install gcc)")
+    cc = compiler(cc)
     try:
         return _compile(cc, [*_cflags(which), "-fopenmp"]), True
     except OSError:

@@ -31,19 +31,15 @@ Where neither builds (or `TREESEARCH_INT8_KERNEL=0`), `linear` computes the same
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
 import subprocess
-import tempfile
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from treesearch.models.cbuild import compile_library, compiler
 from treesearch.models.int8_kernel import cpu_flags
-from treesearch.models.paths import cache_dir
 from treesearch.models.w8a8_blocks import BLOCK, QB, SOURCE, padded, unlayout
 
 _I64 = ctypes.c_int64
@@ -69,22 +65,8 @@ def _cflags(which: str, defines: tuple[str, ...] = ()) -> list[str]:
 
 
 def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
-    """SOURCE compiled with flags (cached by source, flags and compiler) and loaded."""
-    key = hashlib.sha256((SOURCE + " ".join(flags) + cc).encode()).hexdigest()[:16]
-    folder = cache_dir() / "kernels"
-    lib = folder / f"w8a8-{key}.so"
-    if not lib.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder) as tmp:
-            src, out = Path(tmp) / "w8a8.c", Path(tmp) / "w8a8.so"
-            src.write_text(SOURCE)
-            done = subprocess.run(
-                [cc, *flags, "-o", str(out), str(src)], capture_output=True, text=True, timeout=120
-            )
-            if done.returncode != 0:
-                raise OSError(f"{cc} failed: {done.stderr.strip()[-300:]}")
-            os.replace(out, lib)
-    dll = ctypes.CDLL(str(lib))
+    """SOURCE compiled with flags (cached, `treesearch.models.cbuild`), loaded and typed."""
+    dll = compile_library(SOURCE, "w8a8", flags, cc)
     dll.ts_w8a8_proj.argtypes = [_PTR, _PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _I64, _PTR, _PTR, _PTR]
     dll.ts_w8a8_proj.restype = None
     dll.ts_w8a8_quantize.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64]
@@ -96,9 +78,7 @@ def build(which: str, cc: str | None = None, defines: tuple[str, ...] = ()) -> t
     """The library built for variant which ("vnni" or "avx2") by cc (default: $CC, cc or gcc), with
     extra -D defines (tile shapes, for measuring): (the library, whether it has OpenMP). Raises
     OSError where it does not build."""
-    cc = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise OSError("no C compiler found (set CC, or install gcc)")
+    cc = compiler(cc)
     try:
         return _compile(cc, [*_cflags(which, defines), "-fopenmp"]), True
     except OSError:
