@@ -23,6 +23,24 @@ import torch
 
 ATTN_NAME = "treesearch"
 
+# A chunk's attention (prefill, scoring, the layer path's steps) through the compiled kernel of
+# `treesearch.engine.attend_kernel` where it builds: each query over its own keys in blocks of
+# `attend_kernel.CHUNK` positions from its context's start, so that its result is the same bits
+# whichever rows share the forward, however its context is cut into runs, and as the decode step
+# computes it (batch invariance, issue 42). False (or where it cannot be built): torch's flash
+# kernel over the padded chunk and a merge per cached run, `attend_chunk` below.
+KERNEL = True
+
+
+def kernel() -> Any:
+    """The compiled attention kernel where `KERNEL` is on and it builds, else None."""
+    if not KERNEL:
+        return None
+    from treesearch.engine import attend_kernel  # the engine's kernel; this module imports no engine
+
+    return attend_kernel.load()
+
+
 Prefix = list[tuple[torch.Tensor, int]]  # a row's cached K/V runs: (kv [L, 2, Hkv, n, d], tokens used)
 
 
@@ -48,6 +66,7 @@ class BatchKV:
         self.v = self.kv[:, 1]
         self.valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
         self.groups: list[tuple[Any, int, torch.Tensor | None]] = []
+        self.prefixes: list[Prefix] = [[] for _ in range(batch)]  # each row's runs, in context order
         self._write = 0
         self._n = 0
         self._mask: torch.Tensor | None = None
@@ -64,6 +83,7 @@ class BatchKV:
     def set_prefixes(self, prefixes: list[Prefix]) -> None:
         """Group rows by the cached K/V runs they attend over (`group_prefixes`)."""
         self.groups = group_prefixes(prefixes, self.k.device)
+        self.prefixes = list(prefixes)
 
     def begin(self, write_pos: int, new_valid: torch.Tensor) -> None:
         """Prepare a forward whose n new tokens per row go to buffer positions write_pos..write_pos+n."""
@@ -72,6 +92,7 @@ class BatchKV:
         self._write, self._n = write_pos, n
         self._mask = causal_mask(self.valid[:, : write_pos + n], write_pos, n)
         self._flash = None  # made at the forward's first layer
+        self._table: Any = None  # the kernel's table, made at the forward's first layer (False: none)
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float
@@ -82,6 +103,15 @@ class BatchKV:
         self.k[layer, :, :, w:t] = k
         self.v[layer, :, :, w:t] = v
         assert self._mask is not None, "begin() sets the mask before a forward"
+        fn = kernel() if q.dtype == torch.float32 and q.device.type == "cpu" else None
+        if fn is not None:
+            from treesearch.engine import attend_kernel
+
+            if self._table is None:
+                made = attend_kernel.chunk_runs(self.prefixes, self.k, self.v, self.valid[:, :t], w)
+                self._table = False if made is None else made
+            if self._table is not False:
+                return attend_kernel.attend_chunk(fn, self._table, layer, q, self.k.shape[2], scaling)
         if self._flash is None:
             self._flash = flash_mask(self._mask, w, q.dtype)
         ks, vs = self.k[layer, :, :, :t], self.v[layer, :, :, :t]
@@ -98,6 +128,8 @@ class BatchKV:
             self._mask = self._mask.index_select(0, idx)
             self._flash = None  # the flash kernel's mask is remade for the rows kept
         self.groups = select_groups(self.groups, keep, self.k.device)
+        self.prefixes = [self.prefixes[j] for j in keep]
+        self._table = None
 
     def row_run(self, row: int) -> torch.Tensor:
         """Row's whole buffer as a prefix run [L, 2, Hkv, cap, d], in place (no copy): a row that

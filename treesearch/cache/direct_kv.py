@@ -25,6 +25,7 @@ from treesearch.cache.attention import (
     causal_mask,
     flash_mask,
     group_prefixes,
+    kernel,
     select_groups,
 )
 
@@ -41,8 +42,10 @@ class DirectKV:
         self.lens = lens
         self.device = device
         self.groups: list[tuple[Any, int, torch.Tensor | None]] = []
+        self.prefixes: list[Prefix] = [[] for _ in sinks]
         self._mask: torch.Tensor | None = None
         self._flash: torch.Tensor | bool | None = None
+        self._table: Any = None  # the attention kernel's table (`attention.KERNEL`; False: none)
 
     @property
     def batch(self) -> int:
@@ -51,12 +54,14 @@ class DirectKV:
     def set_prefixes(self, prefixes: list[Prefix]) -> None:
         """Group rows by the cached K/V runs they attend over (`attention.group_prefixes`)."""
         self.groups = group_prefixes(prefixes, self.device)
+        self.prefixes = list(prefixes)
 
     def begin(self, write_pos: int, new_valid: torch.Tensor) -> None:
         """Prepare the forward: new_valid [B, n] marks each row's real tokens (the rest padding)."""
         assert write_pos == 0, "a direct prefill's chunk starts its own keys"
         self._mask = causal_mask(new_valid, 0, new_valid.shape[1])
         self._flash = None  # made at the forward's first layer
+        self._table = None
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float
@@ -68,9 +73,37 @@ class DirectKV:
         for b, ((kv, off), n) in enumerate(zip(self.sinks, self.lens)):
             kv[layer, 0, :, off : off + n] = ks[b, :, :n]
             kv[layer, 1, :, off : off + n] = vs[b, :, :n]
+        fn = kernel() if q.dtype == torch.float32 and q.device.type == "cpu" else None
+        if fn is not None:
+            if self._table is None:
+                self._table = self._kernel_table(q.shape[2])
+            if self._table is not False:
+                from treesearch.engine import attend_kernel
+
+                return attend_kernel.attend_chunk(fn, self._table, layer, q, k.shape[1], scaling)
         if self._flash is None:
             self._flash = flash_mask(self._mask, 0, q.dtype)
         return attend_chunk(q, ks, vs, self._mask, self._flash, self.groups, layer, scaling)
+
+    def _kernel_table(self, n: int) -> Any:
+        """The kernel's table: each row's prefix runs, then its new keys in its sink; its queries
+        b n + j at the positions after its prefix. False where the kernel cannot read a run."""
+        from treesearch.engine.attend_kernel import StepRuns
+
+        runs = StepRuns()
+        spans = []
+        for b, (prefix, (kv, off), m) in enumerate(zip(self.prefixes, self.sinks, self.lens)):
+            for pkv, used in prefix:
+                if not StepRuns.fits(pkv[:, 0], pkv[:, 1]):
+                    return False
+                runs.add(pkv[:, 0], pkv[:, 1], used, [b])
+            k, v = kv[:, 0, :, off:], kv[:, 1, :, off:]
+            if not StepRuns.fits(k, v):
+                return False
+            runs.add(k, v, m, [b])
+            spans.append((b, b * n, m, sum(used for _, used in prefix)))
+        runs.done(queries=len(self.sinks) * n, spans=spans)
+        return runs
 
     def select(self, keep: list[int]) -> None:
         """Keep only these rows (in this order) for the rest of the forward (CGEE's per-row exits,
@@ -80,4 +113,6 @@ class DirectKV:
         self.lens = [self.lens[j] for j in keep]
         self._mask = self._mask.index_select(0, torch.tensor(keep, dtype=torch.long, device=self.device))
         self._flash = None  # remade for the rows kept
+        self._table = None
         self.groups = select_groups(self.groups, keep, self.device)
+        self.prefixes = [self.prefixes[j] for j in keep]

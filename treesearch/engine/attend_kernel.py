@@ -1,21 +1,30 @@
-"""The decode step's whole attention in one compiled call per layer, on every thread the step has.
+"""Attention in one compiled call per layer, on every thread the forward has: the decode step's
+(every row's one query) and, through `treesearch.cache.attention`, a prefill or scoring chunk's
+(each row's queries at consecutive positions).
 
 Why: read with torch ops, a step's attention is a few small products per cached run and layer,
 each paying dispatch and (on several threads) an OpenMP fork/join far above its arithmetic, so the
 decoder ran them on one thread (`SERIAL_ATTENTION`) and the step's K/V reads serialised. This
 kernel reads every run a row attends over (the cached prefix runs, shared or not, the rows' own
-runs and the step's buffer) in place, in one call per layer, split flash-decoding style into work
-units of (run, kv head, chunk of `CHUNK` tokens): each unit computes, for every row that reads the
-run, its g query heads' scores over the chunk (the K/V read once for all those rows), their
-maximum m, sum l = sum_i e^{s_i - m} and acc = sum_i e^{s_i - m} v_i. The units are shared out over
-the threads; then each (row, kv head) merges its units in table order, exactly (Hydragen):
-    out = sum_u e^{m_u - M} acc_u / sum_u e^{m_u - M} l_u,  M = max_u m_u.
-The units' split depends only on the runs' lengths, never on the thread count, so the result is
-the same at any thread count; a row's scores and sums depend only on its own queries and runs.
+runs and the forward's new K/V) in place, in one call per layer, split flash-decoding style into
+work units. A row's context (its runs side by side) is cut into blocks of `CHUNK` positions
+counted from its start, the same blocks however the context is cut into runs; a unit is one block
+of one kv head (read once for every row that holds the same keys there: a shared prefix run), and
+computes, for each query that sees part of it, its g query heads' scores over the keys it sees
+there, their maximum m, sum l = sum_i e^{s_i - m} and acc = sum_i e^{s_i - m} v_i. The units are
+shared out over the threads; then each (query, kv head) merges its blocks in order, exactly
+(Hydragen):
+    out = sum_c e^{m_c - M} acc_c / sum_c e^{m_c - M} l_c,  M = max_c m_c.
+So a query's result depends only on its own keys and position, never on the thread count, the
+other rows of the forward (their lengths, their padding, their prefixes), how its context was cut
+into cached runs (a shared prefix against a whole prompt, a prompt prefilled in parts), or whether
+a prefill or a decode step computes it: batch invariance (issue 42;
+tests/engine/test_batch_invariance.py).
 
 It is C, built and cached like `treesearch.engine.runs_kernel` (same compiler, flags and switch
 `TREESEARCH_RUNS_KERNEL=0`); where it cannot be built `load()` returns None and the decoder takes
-the torch-op attention. tests/engine/test_attend_kernel.py checks it against float64 softmax.
+the torch-op attention (not batch invariant). tests/engine/test_attend_kernel.py checks it against
+float64 softmax.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import torch
 from treesearch.engine import runs_kernel
 from treesearch.models.simd import VEC8
 
-CHUNK = 128  # tokens per work unit: 1,000 cached tokens over 3 kv heads make 24 units
+CHUNK = 128  # positions per block: 1,000 cached tokens over 3 kv heads make 24 units
 
 SOURCE = (
     r"""
@@ -158,12 +167,13 @@ VSUM(1)
 VSUM(2)
 VSUM(3)
 
-/* One work unit: run e's kv head h over tokens [t0, t0 + n), for the nq queries at qp[]:
-   scores into s (nq x n), then per query its m, l and acc (d floats) at part (nq (d + 2) floats:
-   acc [nq][d], m [nq], l [nq]). */
-static void unit(const float *const *qp, int64_t nq, const float *k, const float *v, int64_t tok,
-                 int64_t n, int64_t d, float *s, float *part) {
-    float *acc = part, *mm = part + nq * d, *ll = mm + nq;
+/* One work unit: one block of n keys (k, v: token stride tok) for nq queries at qp[], query j seeing
+   its first nk[j] keys (1..n): scores into s (nq x n), then per query over its own nk[j] keys its
+   max m, sum l = sum_i e^{s_i - m} and acc = sum_i e^{s_i - m} v_i, written at dst[j] (acc [d], m,
+   l). A query's sums run over its own keys only, in key order: the same bits whatever else the
+   unit holds (a probability past a query's keys is 0, and acc + 0 v is acc). acc: nq d scratch. */
+static void unit(const float *const *qp, int64_t nq, const int64_t *nk, const float *k, const float *v,
+                 int64_t tok, int64_t n, int64_t d, float *s, float *acc, float *const *dst) {
     if (d % 8 == 0) {
         for (int64_t j = 0; j < nq; j += 4) {
             int64_t m = nq - j < 4 ? nq - j : 4;
@@ -180,34 +190,36 @@ static void unit(const float *const *qp, int64_t nq, const float *k, const float
         }
     }
     for (int64_t j = 0; j < nq; j++) {
+        int64_t nj = nk[j];
         float *sj = s + j * n, m = sj[0];
         int64_t i = 1;
-        if (n >= 16) { /* eight lanes at a time: a maximum is exact in any order */
+        if (nj >= 16) { /* eight lanes at a time: a maximum is exact in any order */
             v8 m8 = ld(sj);
-            for (i = 8; i + 8 <= n; i += 8) {
+            for (i = 8; i + 8 <= nj; i += 8) {
                 v8 x = ld(sj + i);
                 m8 = sel(x > m8, x, m8);
             }
             for (int l = 0; l < 8; l++) m = m8[l] > m ? m8[l] : m;
         }
-        for (; i < n; i++) m = sj[i] > m ? sj[i] : m;
+        for (; i < nj; i++) m = sj[i] > m ? sj[i] : m;
         i = 0;
         v8 sum8 = splat(0.0f);
-        for (; i + 8 <= n; i += 8) {
+        for (; i + 8 <= nj; i += 8) {
             v8 p = exp8(ld(sj + i) - splat(m));
             st(sj + i, p);
             sum8 += p;
         }
         float sum = hsum(sum8);
-        if (i < n) {
+        if (i < nj) {
             float tail[8] = {0};
-            for (int64_t x = i; x < n; x++) tail[x - i] = sj[x] - m;
-            for (int64_t x = n - i; x < 8; x++) tail[x] = -INFINITY;
+            for (int64_t x = i; x < nj; x++) tail[x - i] = sj[x] - m;
+            for (int64_t x = nj - i; x < 8; x++) tail[x] = -INFINITY;
             v8 p = exp8(ld(tail));
-            for (int64_t x = i; x < n; x++) { sj[x] = p[x - i]; sum += p[x - i]; }
+            for (int64_t x = i; x < nj; x++) { sj[x] = p[x - i]; sum += p[x - i]; }
         }
-        mm[j] = m;
-        ll[j] = sum;
+        for (int64_t x = nj; x < n; x++) sj[x] = 0.0f;
+        dst[j][d] = m;
+        dst[j][d + 1] = sum;
     }
     if (d % 32 == 0) {
         for (int64_t j = 0; j < nq; j += 3) {
@@ -216,60 +228,62 @@ static void unit(const float *const *qp, int64_t nq, const float *k, const float
             else if (m == 2) vsum_2(s + j * n, n, v, tok, n, d, acc + j * d);
             else vsum_1(s + j * n, n, v, tok, n, d, acc + j * d);
         }
-        return;
+    } else {
+        memset(acc, 0, sizeof(float) * (size_t)(nq * d));
+        for (int64_t i = 0; i < n; i++) {
+            const float *vi = v + i * tok;
+            for (int64_t j = 0; j < nq; j++) axpy(acc + j * d, s[j * n + i], vi, d);
+        }
     }
-    memset(acc, 0, sizeof(float) * (size_t)(nq * d));
-    for (int64_t i = 0; i < n; i++) {
-        const float *vi = v + i * tok;
-        for (int64_t j = 0; j < nq; j++) axpy(acc + j * d, s[j * n + i], vi, d);
-    }
+    for (int64_t j = 0; j < nq; j++) memcpy(dst[j], acc + j * d, sizeof(float) * (size_t)d);
 }
 
-/* runs: per run 8 int64 (address of K at layer 0, head 0, token 0; of V; K's layer stride; V's
-   layer stride; head stride; token stride; length; index of its first reader in readers[]), with
-   nread[e] readers (rows) each. q: [rows, hkv, g, d], row stride q_row; out [rows, hkv, g, d]
-   contiguous. Strides in floats. Returns 0, or -1 when out of memory. */
+#define QT 32 /* queries per work item (each with its g heads) */
+
+/* Attention of `rows` queries, each over the keys at positions 0..pos[b] of its row's context, cut
+   into blocks of `chunk` positions counted from the context's start: block c holds positions
+   [c chunk, (c + 1) chunk). Each (query, block) gets its partial (m, l, acc) over the keys it sees
+   there (a unit: block c of some row's context, possibly read by several rows that hold the same
+   keys there, e.g. a shared prefix run), then each (query, kv head) merges its blocks in block
+   order, exactly (Hydragen):
+       out = sum_c e^{m_c - M} acc_c / sum_c e^{m_c - M} l_c,  M = max_c m_c.
+   A query's result depends only on its own keys and position: not on the other queries, the
+   thread count, the batch, or how its context was cut into runs (a block's keys are gathered from
+   its pieces). units: per unit 6 int64 (first piece, pieces, keys n <= chunk, first reader range,
+   ranges, block c); pieces: per piece 7 int64 (K address at layer 0, head 0 and the piece's first
+   token; V's; K's layer stride; V's; head stride; token stride; tokens); readers: pos[rows] (the
+   last position each query sees, -1: none: its output is 0), then 2 int64 per reader range (queries
+   [q0, q1), each seeing the block from position c chunk on). q: [rows, hkv, g, d], row stride
+   q_row; out [rows, hkv, g, d] contiguous. Strides in floats. Returns 0, or -1 (out of memory). */
 int ts_attend(const float *q, int64_t q_row, float *out, int64_t rows, int64_t hkv, int64_t g,
-              int64_t d, const int64_t *runs, const int64_t *nread, const int64_t *readers,
-              int64_t nruns, int64_t layer, int64_t threads, int64_t chunk) {
-    int64_t *ubase = malloc(sizeof(int64_t) * (size_t)(3 * nruns + 2 * rows + 1));
-    if (!ubase) return -1;
-    int64_t *pbase = ubase + nruns, *nch = pbase + nruns, *rcount = nch + nruns, *rptr = rcount + rows;
-    int64_t units = 0, parts = 0, most = 1;
-    memset(rcount, 0, sizeof(int64_t) * (size_t)(2 * rows + 1));
-    for (int64_t e = 0; e < nruns; e++) {
-        int64_t len = runs[8 * e + 6];
-        nch[e] = (len + chunk - 1) / chunk;
-        ubase[e] = units;
-        pbase[e] = parts;
-        units += hkv * nch[e];
-        parts += hkv * nch[e] * nread[e] * g * (d + 2);
-        if (nread[e] > most) most = nread[e];
-        for (int64_t r = 0; r < nread[e]; r++) rcount[readers[runs[8 * e + 7] + r]]++;
+              int64_t d, const int64_t *units, const int64_t *pieces, const int64_t *readers,
+              int64_t nunits, int64_t layer, int64_t threads, int64_t chunk) {
+    const int64_t *pos = readers, *ranges = readers + rows;
+    int64_t *qbase = malloc(sizeof(int64_t) * (size_t)(rows + nunits + 2));
+    if (!qbase) return -1;
+    int64_t *wbase = qbase + rows + 1;
+    qbase[0] = 0;
+    for (int64_t b = 0; b < rows; b++) qbase[b + 1] = qbase[b] + (pos[b] >= 0 ? pos[b] / chunk + 1 : 0);
+    wbase[0] = 0;
+    for (int64_t u = 0; u < nunits; u++) {
+        const int64_t *U = units + 6 * u;
+        int64_t nq = 0;
+        for (int64_t r = 0; r < U[4]; r++) nq += ranges[2 * (U[3] + r) + 1] - ranges[2 * (U[3] + r)];
+        wbase[u + 1] = wbase[u] + (nq + QT - 1) / QT;
     }
-    /* each row's (run, reader slot) pairs in run order: rptr is a CSR over rows */
-    for (int64_t b = 0; b < rows; b++) rptr[b + 1] = rptr[b] + rcount[b];
-    int64_t *pairs = malloc(sizeof(int64_t) * (size_t)(2 * rptr[rows] + rows + 1));
-    float *part = malloc(sizeof(float) * (size_t)(parts > 0 ? parts : 1));
+    int64_t slots = qbase[rows] * hkv * g, items = wbase[nunits] * hkv, w = d + 2;
 #ifndef _OPENMP
     threads = 1;
 #endif
     if (threads < 1) threads = 1;
-    /* scores, then the query pointers (2 floats each, 8-byte aligned: per is even) */
-    int64_t per = (most * g * chunk + 1) / 2 * 2 + 2 * most * g;
+    /* per thread: scores, acc, K and V gathered, then nk and the query and partial pointers */
+    int64_t nq = QT * g, fl = (nq * chunk + nq * d + 2 * chunk * d + 1) / 2 * 2, per = fl + 6 * nq;
+    float *part = malloc(sizeof(float) * (size_t)(slots > 0 ? slots * w : 1));
     float *scratch = malloc(sizeof(float) * (size_t)(per * threads));
-    if (!pairs || !part || !scratch) {
-        free(ubase); free(pairs); free(part); free(scratch);
+    if (!part || !scratch) {
+        free(qbase); free(part); free(scratch);
         return -1;
     }
-    int64_t *fill = pairs + 2 * rptr[rows];
-    for (int64_t b = 0; b < rows; b++) fill[b] = rptr[b];
-    for (int64_t e = 0; e < nruns; e++)
-        for (int64_t r = 0; r < nread[e]; r++) {
-            int64_t b = readers[runs[8 * e + 7] + r], at = fill[b]++;
-            pairs[2 * at] = e;
-            pairs[2 * at + 1] = r;
-        }
 #pragma omp parallel num_threads((int)threads) if (threads > 1)
     {
 #ifdef _OPENMP
@@ -277,46 +291,79 @@ int ts_attend(const float *q, int64_t q_row, float *out, int64_t rows, int64_t h
 #else
         float *s = scratch;
 #endif
-        const float **qp = (const float **)(s + (most * g * chunk + 1) / 2 * 2);
+        float *acc = s + nq * chunk, *kc = acc + nq * d, *vc = kc + chunk * d;
+        int64_t *nk = (int64_t *)(void *)(s + fl); /* 8-byte aligned: fl and per are even */
+        const float **qp = (const float **)(void *)(nk + nq);
+        float **dst = (float **)(void *)(qp + nq);
+#pragma omp for schedule(static)
+        for (int64_t x = 0; x < slots; x++) part[x * w + d] = -INFINITY;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < units; u++) {
-            int64_t e = 0;
-            while (e + 1 < nruns && ubase[e + 1] <= u) e++;
-            const int64_t *r = runs + 8 * e;
-            int64_t h = (u - ubase[e]) / nch[e], c = (u - ubase[e]) % nch[e];
-            int64_t t0 = c * chunk, n = r[6] - t0 < chunk ? r[6] - t0 : chunk;
-            int64_t nq = nread[e] * g;
-            for (int64_t x = 0; x < nread[e]; x++)
-                for (int64_t j = 0; j < g; j++)
-                    qp[x * g + j] = q + readers[r[7] + x] * q_row + (h * g + j) * d;
-            const float *k = (const float *)(intptr_t)r[0] + layer * r[2] + h * r[4] + t0 * r[5];
-            const float *v = (const float *)(intptr_t)r[1] + layer * r[3] + h * r[4] + t0 * r[5];
-            unit(qp, nq, k, v, r[5], n, d, s, part + pbase[e] + (u - ubase[e]) * nq * (d + 2));
+        for (int64_t it = 0; it < items; it++) {
+            int64_t h = it % hkv, wi = it / hkv, lo = 0, hi = nunits - 1;
+            while (lo < hi) { /* the unit of work item wi: wbase[u] <= wi < wbase[u + 1] */
+                int64_t mid = (lo + hi + 1) / 2;
+                if (wbase[mid] <= wi) lo = mid;
+                else hi = mid - 1;
+            }
+            const int64_t *U = units + 6 * lo;
+            int64_t n = U[2], c = U[5], skip = (wi - wbase[lo]) * QT, take = QT, na = 0;
+            for (int64_t r = 0; r < U[4] && take > 0; r++) {
+                int64_t q0 = ranges[2 * (U[3] + r)], q1 = ranges[2 * (U[3] + r) + 1];
+                if (skip >= q1 - q0) { skip -= q1 - q0; continue; }
+                for (int64_t b = q0 + skip; b < q1 && take > 0; b++, take--) {
+                    int64_t see = pos[b] + 1 - c * chunk;
+                    if (see <= 0) continue;
+                    for (int64_t j = 0; j < g; j++) {
+                        qp[na * g + j] = q + b * q_row + (h * g + j) * d;
+                        nk[na * g + j] = see < n ? see : n;
+                        dst[na * g + j] = part + (((qbase[b] + c) * hkv + h) * g + j) * w;
+                    }
+                    na++;
+                }
+                skip = 0;
+            }
+            if (!na) continue;
+            int64_t most = 0;
+            for (int64_t j = 0; j < na * g; j++) most = nk[j] > most ? nk[j] : most;
+            const int64_t *P = pieces + 7 * U[0];
+            const float *k, *v;
+            int64_t tok;
+            if (U[1] == 1) {
+                k = (const float *)(intptr_t)P[0] + layer * P[2] + h * P[4];
+                v = (const float *)(intptr_t)P[1] + layer * P[3] + h * P[4];
+                tok = P[5];
+            } else { /* the block's pieces side by side (a copy: the same values) */
+                int64_t at = 0;
+                for (int64_t e = 0; e < U[1] && at < most; e++, P += 7) {
+                    const float *pk = (const float *)(intptr_t)P[0] + layer * P[2] + h * P[4];
+                    const float *pv = (const float *)(intptr_t)P[1] + layer * P[3] + h * P[4];
+                    for (int64_t t = 0; t < P[6] && at < most; t++, at++) {
+                        memcpy(kc + at * d, pk + t * P[5], sizeof(float) * (size_t)d);
+                        memcpy(vc + at * d, pv + t * P[5], sizeof(float) * (size_t)d);
+                    }
+                }
+                k = kc, v = vc, tok = d;
+            }
+            unit(qp, na * g, nk, k, v, tok, most, d, s, acc, dst);
         }
 #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < rows * hkv; bh++) {
-            int64_t b = bh / hkv, h = bh % hkv;
+            int64_t b = bh / hkv, h = bh % hkv, nb = qbase[b + 1] - qbase[b];
             float *o = out + bh * g * d;
             for (int64_t j = 0; j < g; j++) {
                 float big = -INFINITY, den = 0.0f;
-                for (int64_t a = rptr[b]; a < rptr[b + 1]; a++) {
-                    int64_t e = pairs[2 * a], x = pairs[2 * a + 1], nq = nread[e] * g;
-                    for (int64_t c = 0; c < nch[e]; c++) {
-                        const float *p = part + pbase[e] + (h * nch[e] + c) * nq * (d + 2);
-                        float m = p[nq * d + x * g + j];
-                        big = m > big ? m : big;
-                    }
+                for (int64_t c = 0; c < nb; c++) {
+                    float m = part[(((qbase[b] + c) * hkv + h) * g + j) * w + d];
+                    big = m > big ? m : big;
                 }
                 float *oj = o + j * d;
                 memset(oj, 0, sizeof(float) * (size_t)d);
-                for (int64_t a = rptr[b]; a < rptr[b + 1]; a++) {
-                    int64_t e = pairs[2 * a], x = pairs[2 * a + 1], nq = nread[e] * g;
-                    for (int64_t c = 0; c < nch[e]; c++) {
-                        const float *p = part + pbase[e] + (h * nch[e] + c) * nq * (d + 2);
-                        float w = expf(p[nq * d + x * g + j] - big);
-                        den += w * p[nq * d + nq + x * g + j];
-                        axpy(oj, w, p + (x * g + j) * d, d);
-                    }
+                for (int64_t c = 0; c < nb; c++) {
+                    const float *p = part + (((qbase[b] + c) * hkv + h) * g + j) * w;
+                    if (p[d] == -INFINITY) continue;
+                    float wt = expf(p[d] - big);
+                    den += wt * p[d + 1];
+                    axpy(oj, wt, p, d);
                 }
                 if (den > 0.0f) {
                     float inv = 1.0f / den;
@@ -325,8 +372,7 @@ int ts_attend(const float *q, int64_t q_row, float *out, int64_t rows, int64_t h
             }
         }
     }
-    free(ubase);
-    free(pairs);
+    free(qbase);
     free(part);
     free(scratch);
     return 0;
@@ -353,25 +399,26 @@ def reason() -> str:
 
 
 class StepRuns:
-    """Every run the rows of one step read, as the kernel's table: one entry per run (a cached
-    prefix run with its readers, or a row's stretch of the step's buffer), made once per step and
-    read by every layer's call. The tensors it points into are kept alive here."""
+    """The kernel's table for one forward: each row's runs in context order (`add`: a cached prefix
+    run, shared or not, or a stretch of the step's buffer or a prefill's new K/V), cut into blocks
+    of `CHUNK` positions from the context's start (a block inside one run is a unit read once for
+    every row that holds it at the same place; a block across runs gathers its pieces), and the
+    queries: one per row at its last key (a decode step) or a row's chunk of consecutive positions
+    (`done(spans=...)`: prefill, scoring). Made once per forward, read by every layer's call; the
+    tensors it points into are kept alive here."""
 
     def __init__(self) -> None:
-        self.entries: list[list[int]] = []
-        self.nread: list[int] = []
-        self.readers: list[int] = []
+        self.rows: dict[int, list[tuple[torch.Tensor, torch.Tensor, int]]] = {}
         self.keep: list[torch.Tensor] = []
+        self.entries: list[list[int]] = []
 
     def add(self, k: torch.Tensor, v: torch.Tensor, length: int, readers: list[int]) -> None:
-        """A run read by `readers`: k and v [L, Hkv, >= length, d] views with the same head and
-        token strides (d contiguous)."""
-        sk, sv = k.stride(), v.stride()
-        self.entries.append(
-            [k.data_ptr(), v.data_ptr(), sk[0], sv[0], sk[1], sk[2], length, len(self.readers)]
-        )
-        self.nread.append(len(readers))
-        self.readers += readers
+        """A run read by `readers`, next in each reader's context: k and v [L, Hkv, >= length, d]
+        views with the same head and token strides (d contiguous)."""
+        if length <= 0:
+            return
+        for r in readers:
+            self.rows.setdefault(r, []).append((k, v, length))
         self.keep += [k, v]
 
     @staticmethod
@@ -385,16 +432,74 @@ class StepRuns:
             and k.stride()[1:3] == v.stride()[1:3]
         )
 
-    def done(self) -> None:
-        """Freeze the table into the tensors the kernel reads."""
-        self.table = torch.tensor(self.entries, dtype=torch.int64).reshape(-1, 8)
-        self.nread_t = torch.tensor(self.nread, dtype=torch.int64)
-        self.readers_t = torch.tensor(self.readers or [0], dtype=torch.int64)
+    def done(self, queries: int | None = None, spans: list[tuple[int, int, int, int]] | None = None) -> None:
+        """Freeze the table. spans: (row, first query, count, position of the first): the row's
+        queries at consecutive positions of its context (0-based, counted over its runs); None:
+        one query per row (query b is row b) at its context's last position. queries: how many
+        query rows the kernel's q and out hold (default: one past the last query)."""
+        if spans is None:
+            spans = [(r, r, 1, sum(n for _, _, n in runs) - 1) for r, runs in self.rows.items()]
+        nq = max([b + n for _, b, n, _ in spans], default=0) if queries is None else queries
+        pos = [-1] * nq
+        by_row: dict[int, list[tuple[int, int, int]]] = {}
+        for row, q0, n, p0 in spans:
+            pos[q0 : q0 + n] = range(p0, p0 + n)
+            by_row.setdefault(row, []).append((q0, n, p0))
+        units: dict[tuple, list[tuple[int, int]]] = {}
+        size = CHUNK
+        for row, mine in by_row.items():
+            top = max(p0 + n - 1 for _, n, p0 in mine)  # the last position any of its queries sees
+            pending: list[tuple[int, ...]] = []
+            o = 0
+            for k, v, length in self.rows.get(row, []):
+                if o > top:
+                    break
+                length = min(length, top + 1 - o)
+                kp, vp = k.data_ptr(), v.data_ptr()
+                sk, sv = k.stride(), v.stride()
+                esz = k.element_size()
+                i = 0
+                while i < length:
+                    a = o + i
+                    n = min(length - i, size - a % size)
+                    pending.append(
+                        (kp + i * sk[2] * esz, vp + i * sv[2] * esz, sk[0], sv[0], sk[1], sk[2], n)
+                    )
+                    i += n
+                    if (a + n) % size == 0 or a + n == top + 1:  # the block is whole
+                        c = a // size
+                        readers = units.setdefault((c, *pending), [])
+                        for q0, cnt, p0 in mine:  # the queries at or past the block's start
+                            j0 = max(0, c * size - p0)
+                            if j0 < cnt:
+                                readers.append((q0 + j0, q0 + cnt))
+                        pending = []
+                o += length
+            if o < top + 1:
+                raise ValueError(f"row {row}'s runs hold {o} keys; its queries reach position {top}")
+        table: list[list[int]] = []
+        pieces: list[tuple[int, ...]] = []
+        ranges: list[tuple[int, int]] = []
+        for (c, *parts), readers in units.items():
+            if not readers:
+                continue
+            table.append([len(pieces), len(parts), sum(p[6] for p in parts), len(ranges), len(readers), c])
+            pieces += parts
+            ranges += readers
+        self.entries = table
+        self.table = torch.tensor(table, dtype=torch.int64).reshape(-1, 6)
+        self.nread_t = torch.tensor(pieces, dtype=torch.int64).reshape(-1, 7)
+        self.readers_t = torch.tensor(pos + [x for r in ranges for x in r], dtype=torch.int64)
+        self.queries = nq
 
     def attend(self, fn: Any, layer: int, q: torch.Tensor, out: torch.Tensor, threads: int) -> None:
-        """Every row's attention over its runs into out [B, Hkv, g, d] (contiguous); q [B, Hkv,
-        g, d], rows strided, each row's heads contiguous."""
+        """Every query's attention over its keys into out [Q, Hkv, g, d] (contiguous); q [Q, Hkv,
+        g, d], queries strided, each query's heads contiguous."""
         bsz, hkv, g, d = q.shape
+        assert bsz == self.queries, f"the table was made for {self.queries} queries, not {bsz}"
+        if not self.entries:
+            out.zero_()
+            return
         rc = fn(
             q.data_ptr(),
             q.stride(0),
@@ -413,3 +518,72 @@ class StepRuns:
         )
         if rc != 0:
             raise MemoryError("the attention kernel could not allocate its scratch")
+
+
+def add_rows(runs: StepRuns, prefixes: list, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> bool:
+    """Each row b's context into runs: its prefix runs (kv [L, 2, Hkv, n, d], used), then its valid
+    stretches of the buffer k/v [L, B, Hkv, cap, d] (valid [B, T]). False when some run is not
+    one the kernel reads."""
+    whole = bool(valid.all())
+    t = valid.shape[1]
+    for b, prefix in enumerate(prefixes):
+        for kv, used in prefix:
+            if not StepRuns.fits(kv[:, 0], kv[:, 1]):
+                return False
+            runs.add(kv[:, 0], kv[:, 1], used, [b])
+        kb, vb = k[:, b], v[:, b]  # [L, Hkv, cap, d]
+        if not StepRuns.fits(kb, vb):
+            return False
+        if whole:
+            runs.add(kb, vb, t, [b])
+            continue
+        flags = valid[b].tolist()  # padding (rows that finished, a prefill's shorter rows): skipped
+        start = None
+        for j, ok in enumerate([*flags, False]):
+            if ok and start is None:
+                start = j
+            elif not ok and start is not None:
+                runs.add(kb[:, :, start:], vb[:, :, start:], j - start, [b])
+                start = None
+    return True
+
+
+def chunk_runs(
+    prefixes: list, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, write: int
+) -> StepRuns | None:
+    """The table of a prefill or scoring chunk over a padded buffer (`BatchKV`): k/v [L, B, Hkv,
+    cap, d], valid [B, t] up to the chunk's end, its n = t - write new tokens per row at buffer
+    positions write.. (each row's real ones first, then padding); query b n + j is row b's token
+    j. None where the kernel cannot read it."""
+    bsz, t = valid.shape
+    n = t - write
+    runs = StepRuns()
+    if not add_rows(runs, prefixes, k, v, valid):
+        return None
+    lens = valid[:, write:].sum(1).tolist()
+    before = valid[:, :write].sum(1).tolist()
+    spans = []
+    for b, (prefix, m, w) in enumerate(zip(prefixes, lens, before)):
+        if m and not bool(valid[b, write : write + m].all()):
+            return None  # padding before a real token: not a chunk this reads
+        spans.append((b, b * n, m, sum(used for _, used in prefix) + w))
+    runs.done(queries=bsz * n, spans=spans)
+    return runs
+
+
+def attend_chunk(
+    fn: Any, runs: StepRuns, layer: int, q: torch.Tensor, hkv: int, scaling: float
+) -> torch.Tensor:
+    """A chunk's attention through the kernel: q [B, H, n, d] (the table's queries, b n + j; H =
+    hkv g) -> [B, n, H, d] (a padding query's output 0). q times scaling first unless it is 1."""
+    bsz, heads, n, d = q.shape
+    g = heads // hkv
+    qq = q.transpose(1, 2)  # [B, n, H, d]
+    if scaling != 1.0:
+        qq = qq * scaling
+    if not (qq.stride(3) == 1 and qq.stride(2) == d and qq.stride(0) == n * qq.stride(1)):
+        qq = qq.contiguous()
+    flat = torch.as_strided(qq, (bsz * n, hkv, g, d), (qq.stride(1), g * d, d, 1), qq.storage_offset())
+    out = qq.new_empty(bsz * n, hkv, g, d)
+    runs.attend(fn, layer, flat, out, torch.get_num_threads())
+    return out.view(bsz, n, heads, d)

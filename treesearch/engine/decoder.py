@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from treesearch.cache.attention import BatchKV
 from treesearch.cache.direct_kv import DirectKV
 from treesearch.engine import attend_kernel, runs_kernel
-from treesearch.engine.attend_kernel import StepRuns
+from treesearch.engine.attend_kernel import StepRuns, add_rows
 from treesearch.engine.fused_step import FusedLayers
 from treesearch.engine.linear import A8Linear, FloatLinear, Linear
 from treesearch.engine.step_plan import Plan
@@ -403,35 +403,13 @@ class Decoder:
 
 
 def step_runs(batch: BatchKV, t: int) -> StepRuns | None:
-    """Every run a step's rows read, for `attend_kernel`: the cached prefix runs (in the batch's
-    group order, each with its readers), then each row's valid stretches of the buffer up to t.
-    None when some run is not one the kernel reads (`StepRuns.fits`)."""
-    bsz = batch.batch
+    """Every run a step's rows read, for `attend_kernel`: each row's cached prefix runs in its
+    context order, then its valid stretches of the buffer up to t. None when some run is not one
+    the kernel reads (`StepRuns.fits`)."""
     runs = StepRuns()
-    everyone = list(range(bsz))
-    for kv, used, rows in batch.groups:
-        k, v = kv[:, 0], kv[:, 1]  # [L, Hkv, n, d]
-        if not StepRuns.fits(k, v):
-            return None
-        runs.add(k, v, used, everyone if rows is None else rows.tolist())
-    valid = batch.valid[:, :t]
-    whole = bool(valid.all())
-    for b in range(bsz):
-        k, v = batch.k[:, b], batch.v[:, b]  # [L, Hkv, cap, d]
-        if not StepRuns.fits(k, v):
-            return None
-        if whole:
-            runs.add(k, v, t, [b])
-            continue
-        flags = valid[b].tolist()  # padding left by rows that finished: read the valid stretches
-        start = None
-        for j, ok in enumerate([*flags, False]):
-            if ok and start is None:
-                start = j
-            elif not ok and start is not None:
-                runs.add(k[:, :, start:], v[:, :, start:], j - start, [b])
-                start = None
-    runs.done()
+    if not add_rows(runs, batch.prefixes, batch.k, batch.v, batch.valid[:, :t]):
+        return None
+    runs.done(queries=batch.batch)
     return runs
 
 
