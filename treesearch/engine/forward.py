@@ -21,6 +21,7 @@ from treesearch.common.config import Sampling
 from treesearch.common.stats import Stats, distinct
 from treesearch.engine.decoder import decoder_for, qualifies
 from treesearch.engine.eos import eos_token_ids
+from treesearch.models import int8_kernel
 from treesearch.models.model import LanguageModel
 
 
@@ -307,7 +308,12 @@ class Forward:
         head = self.lm.model.lm_head
         idx = torch.as_tensor(label_ids, device=hidden.device)
         rows = head.weight_rows(idx) if hasattr(head, "weight_rows") else head.weight.index_select(0, idx)
-        logits = hidden @ rows.T
-        if getattr(head, "bias", None) is not None:
-            logits = logits + head.bias.index_select(0, idx)
+        bias = head.bias.index_select(0, idx) if getattr(head, "bias", None) is not None else None
+        if hidden.dtype == rows.dtype == torch.float32 and hidden.device.type == "cpu":
+            # the compiled product: a row's sums its own, so its probabilities are the same bits in
+            # any batch (a matrix product's summation order may depend on the batch's rows)
+            logits = int8_kernel.float_linear(hidden.contiguous(), rows.contiguous(), bias)
+        else:
+            logits = hidden @ rows.T
+            logits = logits if bias is None else logits + bias
         return torch.softmax(logits.float(), dim=-1)
