@@ -105,3 +105,74 @@ def test_scores_far_apart_keep_the_softmax_exact(kernel):
     out = torch.empty(1, hkv, g, d)
     table.attend(kernel, 0, torch.ones(1, hkv, g, d), out, 2)
     assert torch.equal(out, torch.full_like(out, 150.0))
+
+
+def test_the_avx2_build_gives_the_avx512_builds_bits(kernel):
+    """Without AVX-512 VL the kernel builds narrower tiles (16 vector registers): the same sums in
+    the same order, so the same bits, over a prefill chunk and a step."""
+    import ctypes
+
+    from treesearch.engine import runs_kernel
+    from treesearch.models.cbuild import build_openmp
+
+    flags = runs_kernel._flags()
+    if "-mavx2" not in flags:
+        pytest.skip("this CPU builds no AVX2 variant")
+    narrow = [f for f in flags if not f.startswith("-mavx512")]
+    fns = []
+    for each in (flags, narrow):
+        dll, _ = build_openmp(attend_kernel.SOURCE, "attend", each)
+        fn = dll.ts_attend
+        fn.argtypes, fn.restype = attend_kernel._ARGS, ctypes.c_int
+        fns.append(fn)
+    gen = torch.Generator().manual_seed(5)
+    hkv, g, d, rows, n, pre = 3, 3, 64, 3, 37, 300
+    shared = torch.randn(2, 2, hkv, pre, d, generator=gen)
+    own = [torch.randn(2, 2, hkv, n, d, generator=gen) for _ in range(rows)]
+    q = torch.randn(rows, hkv * g, n, d, generator=gen)
+    table = StepRuns()
+    for b in range(rows):
+        table.add(shared[:, 0], shared[:, 1], pre, [b])
+        table.add(own[b][:, 0], own[b][:, 1], n - b, [b])
+    table.done(queries=rows * n, spans=[(b, b * n, n - b, pre) for b in range(rows)])
+    wide, thin = (attend_kernel.attend_chunk(fn, table, 1, q, hkv, 1.0) for fn in fns)
+    assert torch.equal(wide, thin)
+    assert torch.equal(wide[2, n - 2 :], torch.zeros_like(wide[2, n - 2 :]))  # padding queries: 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    total=st.integers(1, 400),
+    n=st.integers(1, 40),
+    cuts=st.lists(st.integers(1, 399), max_size=4),
+    hkv=st.integers(1, 2),
+    g=st.integers(1, 3),
+    d=st.sampled_from([8, 12, 64]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_chunks_queries_get_causal_float64_softmax_and_the_same_bits_however_the_context_is_cut(
+    kernel, total, n, cuts, hkv, g, d, seed
+):
+    """A row's last n positions of a context of `total` tokens, as one run and cut into runs at
+    `cuts`: each query over the keys up to its own position, within 1e-5 of float64, and the same
+    bits for every cut (blocks of CHUNK positions from the context's start)."""
+    n = min(n, total)
+    gen = torch.Generator().manual_seed(seed)
+    kv = torch.randn(1, 2, hkv, total, d, generator=gen)
+    q = torch.randn(1, hkv * g, n, d, generator=gen)
+    outs = []
+    for bounds in ([0, total], sorted({0, total, *(c for c in cuts if c < total)})):
+        table = StepRuns()
+        for a, b in zip(bounds, bounds[1:]):
+            table.add(kv[:, 0, :, a:], kv[:, 1, :, a:], b - a, [0])
+        table.done(queries=n, spans=[(0, 0, n, total - n)])
+        outs.append(attend_kernel.attend_chunk(kernel, table, 0, q, hkv, 1.0))
+    assert torch.equal(outs[0], outs[1])
+    k, v = kv[0, 0].double(), kv[0, 1].double()  # [Hkv, T, d]
+    for j in range(n):
+        p = total - n + j
+        qj = q[0, :, j].double().view(hkv, g, d)
+        s = torch.einsum("hgd,htd->hgt", qj, k[:, : p + 1])
+        ref = torch.einsum("hgt,htd->hgd", torch.softmax(s, dim=-1), v[:, : p + 1]).reshape(hkv * g, d)
+        got = outs[0][0, j].double()
+        assert (got - ref).abs().max().item() <= 1e-5 * max(1.0, ref.abs().max().item())

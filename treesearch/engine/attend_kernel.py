@@ -141,16 +141,26 @@ SCORES(1, 4)
 SCORES(2, 4)
 SCORES(3, 4)
 SCORES(4, 2)
+#ifdef __AVX512VL__
+/* 32 vector registers: wider tiles (the same sums in the same order, so the same bits) */
+SCORES(4, 4)
+#define SCORES_4 scores_4_4
+#define VQ 6
+#else
+#define SCORES_4 scores_4_2
+#define VQ 3
+#endif
 
 /* acc[j] = sum_i p[j][i] v_i over tokens i in order, for M queries, 32 of the d values at a time
-   held in registers (the order `axpy` adds in: the same bits). d: a multiple of 32. */
+   held in registers (the order `axpy` adds in: the same bits); more: go on from acc (the next
+   piece of a block: the same bits as one call over both). d: a multiple of 32. */
 #define VSUM(M)                                                                                     \
 static void vsum_##M(const float *p, int64_t ldn, const float *v, int64_t tok, int64_t n, int64_t d, \
-                     float *acc) {                                                                  \
+                     float *acc, int more) {                                                        \
     for (int64_t x = 0; x < d; x += 32) {                                                           \
         v8 a[M][4];                                                                                 \
         for (int j = 0; j < M; j++)                                                                 \
-            for (int c = 0; c < 4; c++) a[j][c] = splat(0.0f);                                      \
+            for (int c = 0; c < 4; c++) a[j][c] = more ? ld(acc + j * d + x + 8 * c) : splat(0.0f); \
         for (int64_t i = 0; i < n; i++) {                                                           \
             const float *vi = v + i * tok + x;                                                      \
             v8 w0 = ld(vi), w1 = ld(vi + 8), w2 = ld(vi + 16), w3 = ld(vi + 24);                    \
@@ -166,28 +176,46 @@ static void vsum_##M(const float *p, int64_t ldn, const float *v, int64_t tok, i
 VSUM(1)
 VSUM(2)
 VSUM(3)
+#ifdef __AVX512VL__
+VSUM(6)
+#endif
 
-/* One work unit: one block of n keys (k, v: token stride tok) for nq queries at qp[], query j seeing
-   its first nk[j] keys (1..n): scores into s (nq x n), then per query over its own nk[j] keys its
-   max m, sum l = sum_i e^{s_i - m} and acc = sum_i e^{s_i - m} v_i, written at dst[j] (acc [d], m,
-   l). A query's sums run over its own keys only, in key order: the same bits whatever else the
-   unit holds (a probability past a query's keys is 0, and acc + 0 v is acc). acc: nq d scratch. */
-static void unit(const float *const *qp, int64_t nq, const int64_t *nk, const float *k, const float *v,
-                 int64_t tok, int64_t n, int64_t d, float *s, float *acc, float *const *dst) {
-    if (d % 8 == 0) {
-        for (int64_t j = 0; j < nq; j += 4) {
-            int64_t m = nq - j < 4 ? nq - j : 4;
-            const float *pv = j ? 0 : v; /* the first pass fetches ahead */
-            if (m == 4) scores_4_2(qp + j, k, pv, tok, n, d, s + j * n, n);
-            else if (m == 3) scores_3_4(qp + j, k, pv, tok, n, d, s + j * n, n);
-            else if (m == 2) scores_2_4(qp + j, k, pv, tok, n, d, s + j * n, n);
-            else scores_1_4(qp + j, k, pv, tok, n, d, s + j * n, n);
+/* A block's keys from one run: K and V at its first key, token stride tok, n keys. */
+typedef struct {
+    const float *k, *v;
+    int64_t tok, n;
+} piece_t;
+
+/* One work unit: one block of n keys, in pieces pc[0..npc) side by side, for nq queries at qp[],
+   query j seeing its first nk[j] keys (1..n): scores into s (nq x n), then per query over its own
+   nk[j] keys its max m, sum l = sum_i e^{s_i - m} and acc = sum_i e^{s_i - m} v_i, written at
+   dst[j] (acc [d], m, l). A query's sums run over its own keys only, in key order: the same bits
+   whatever else the unit holds (a probability past a query's keys is 0, and acc + 0 v is acc) and
+   however the block is cut into pieces (a score is one key's, and acc goes on from piece to
+   piece). acc: nq d scratch. */
+static void unit(const float *const *qp, int64_t nq, const int64_t *nk, const piece_t *pc, int64_t npc,
+                 int64_t n, int64_t d, float *s, float *acc, float *const *dst) {
+    int64_t off = 0;
+    for (int64_t e = 0; e < npc && off < n; e++) {
+        const float *k = pc[e].k, *v = pc[e].v;
+        int64_t tok = pc[e].tok, m_e = pc[e].n < n - off ? pc[e].n : n - off;
+        if (d % 8 == 0) {
+            for (int64_t j = 0; j < nq; j += 4) {
+                int64_t m = nq - j < 4 ? nq - j : 4;
+                const float *pv = j ? 0 : v; /* the first pass fetches ahead */
+                float *sj = s + j * n + off;
+                if (m == 4) SCORES_4(qp + j, k, pv, tok, m_e, d, sj, n);
+                else if (m == 3) scores_3_4(qp + j, k, pv, tok, m_e, d, sj, n);
+                else if (m == 2) scores_2_4(qp + j, k, pv, tok, m_e, d, sj, n);
+                else scores_1_4(qp + j, k, pv, tok, m_e, d, sj, n);
+            }
+        } else {
+            for (int64_t i = 0; i < m_e; i++) {
+                const float *ki = k + i * tok;
+                for (int64_t j = 0; j < nq; j++) s[j * n + off + i] = dot(qp[j], ki, d);
+            }
         }
-    } else {
-        for (int64_t i = 0; i < n; i++) {
-            const float *ki = k + i * tok;
-            for (int64_t j = 0; j < nq; j++) s[j * n + i] = dot(qp[j], ki, d);
-        }
+        off += m_e;
     }
     for (int64_t j = 0; j < nq; j++) {
         int64_t nj = nk[j];
@@ -221,19 +249,33 @@ static void unit(const float *const *qp, int64_t nq, const int64_t *nk, const fl
         dst[j][d] = m;
         dst[j][d + 1] = sum;
     }
-    if (d % 32 == 0) {
-        for (int64_t j = 0; j < nq; j += 3) {
-            int64_t m = nq - j < 3 ? nq - j : 3;
-            if (m == 3) vsum_3(s + j * n, n, v, tok, n, d, acc + j * d);
-            else if (m == 2) vsum_2(s + j * n, n, v, tok, n, d, acc + j * d);
-            else vsum_1(s + j * n, n, v, tok, n, d, acc + j * d);
+    if (d % 32 != 0) memset(acc, 0, sizeof(float) * (size_t)(nq * d));
+    off = 0;
+    for (int64_t e = 0; e < npc && off < n; e++) {
+        const float *v = pc[e].v;
+        int64_t tok = pc[e].tok, m_e = pc[e].n < n - off ? pc[e].n : n - off;
+        if (d % 32 == 0) {
+            for (int64_t j = 0; j < nq;) {
+                int64_t m = nq - j < VQ ? nq - j : VQ; /* VQ queries at a time, then 3, 2, 1 */
+                if (m > 3 && m < VQ) m = 3;
+                float *a = acc + j * d;
+                const float *p = s + j * n + off;
+#if VQ == 6
+                if (m == 6) vsum_6(p, n, v, tok, m_e, d, a, e > 0);
+                else
+#endif
+                if (m == 3) vsum_3(p, n, v, tok, m_e, d, a, e > 0);
+                else if (m == 2) vsum_2(p, n, v, tok, m_e, d, a, e > 0);
+                else vsum_1(p, n, v, tok, m_e, d, a, e > 0);
+                j += m;
+            }
+        } else {
+            for (int64_t i = 0; i < m_e; i++) {
+                const float *vi = v + i * tok;
+                for (int64_t j = 0; j < nq; j++) axpy(acc + j * d, s[j * n + off + i], vi, d);
+            }
         }
-    } else {
-        memset(acc, 0, sizeof(float) * (size_t)(nq * d));
-        for (int64_t i = 0; i < n; i++) {
-            const float *vi = v + i * tok;
-            for (int64_t j = 0; j < nq; j++) axpy(acc + j * d, s[j * n + i], vi, d);
-        }
+        off += m_e;
     }
     for (int64_t j = 0; j < nq; j++) memcpy(dst[j], acc + j * d, sizeof(float) * (size_t)d);
 }
@@ -248,8 +290,8 @@ static void unit(const float *const *qp, int64_t nq, const int64_t *nk, const fl
    order, exactly (Hydragen):
        out = sum_c e^{m_c - M} acc_c / sum_c e^{m_c - M} l_c,  M = max_c m_c.
    A query's result depends only on its own keys and position: not on the other queries, the
-   thread count, the batch, or how its context was cut into runs (a block's keys are gathered from
-   its pieces). units: per unit 6 int64 (first piece, pieces, keys n <= chunk, first reader range,
+   thread count, the batch, or how its context was cut into runs (a block's keys are read from its
+   pieces in order). units: per unit 6 int64 (first piece, pieces, keys n <= chunk, first reader range,
    ranges, block c); pieces: per piece 7 int64 (K address at layer 0, head 0 and the piece's first
    token; V's; K's layer stride; V's; head stride; token stride; tokens); readers: pos[rows] (the
    last position each query sees, -1: none: its output is 0), then 2 int64 per reader range (queries
@@ -276,8 +318,8 @@ int ts_attend(const float *q, int64_t q_row, float *out, int64_t rows, int64_t h
     threads = 1;
 #endif
     if (threads < 1) threads = 1;
-    /* per thread: scores, acc, K and V gathered, then nk and the query and partial pointers */
-    int64_t nq = QT * g, fl = (nq * chunk + nq * d + 2 * chunk * d + 1) / 2 * 2, per = fl + 6 * nq;
+    /* per thread: scores, acc, then nk, the query and partial pointers and the pieces */
+    int64_t nq = QT * g, fl = (nq * chunk + nq * d + 1) / 2 * 2, per = fl + 6 * nq + 8 * chunk;
     float *part = malloc(sizeof(float) * (size_t)(slots > 0 ? slots * w : 1));
     float *scratch = malloc(sizeof(float) * (size_t)(per * threads));
     if (!part || !scratch) {
@@ -291,10 +333,11 @@ int ts_attend(const float *q, int64_t q_row, float *out, int64_t rows, int64_t h
 #else
         float *s = scratch;
 #endif
-        float *acc = s + nq * chunk, *kc = acc + nq * d, *vc = kc + chunk * d;
+        float *acc = s + nq * chunk;
         int64_t *nk = (int64_t *)(void *)(s + fl); /* 8-byte aligned: fl and per are even */
         const float **qp = (const float **)(void *)(nk + nq);
         float **dst = (float **)(void *)(qp + nq);
+        piece_t *pc = (piece_t *)(void *)(dst + nq);
 #pragma omp for schedule(static)
         for (int64_t x = 0; x < slots; x++) part[x * w + d] = -INFINITY;
 #pragma omp for schedule(dynamic, 1)
@@ -326,25 +369,15 @@ int ts_attend(const float *q, int64_t q_row, float *out, int64_t rows, int64_t h
             int64_t most = 0;
             for (int64_t j = 0; j < na * g; j++) most = nk[j] > most ? nk[j] : most;
             const int64_t *P = pieces + 7 * U[0];
-            const float *k, *v;
-            int64_t tok;
-            if (U[1] == 1) {
-                k = (const float *)(intptr_t)P[0] + layer * P[2] + h * P[4];
-                v = (const float *)(intptr_t)P[1] + layer * P[3] + h * P[4];
-                tok = P[5];
-            } else { /* the block's pieces side by side (a copy: the same values) */
-                int64_t at = 0;
-                for (int64_t e = 0; e < U[1] && at < most; e++, P += 7) {
-                    const float *pk = (const float *)(intptr_t)P[0] + layer * P[2] + h * P[4];
-                    const float *pv = (const float *)(intptr_t)P[1] + layer * P[3] + h * P[4];
-                    for (int64_t t = 0; t < P[6] && at < most; t++, at++) {
-                        memcpy(kc + at * d, pk + t * P[5], sizeof(float) * (size_t)d);
-                        memcpy(vc + at * d, pv + t * P[5], sizeof(float) * (size_t)d);
-                    }
-                }
-                k = kc, v = vc, tok = d;
+            int64_t npc = 0;
+            for (int64_t e = 0, at = 0; e < U[1] && at < most; e++, P += 7, npc++) {
+                pc[npc].k = (const float *)(intptr_t)P[0] + layer * P[2] + h * P[4];
+                pc[npc].v = (const float *)(intptr_t)P[1] + layer * P[3] + h * P[4];
+                pc[npc].tok = P[5];
+                pc[npc].n = P[6];
+                at += P[6];
             }
-            unit(qp, na * g, nk, k, v, tok, most, d, s, acc, dst);
+            unit(qp, na * g, nk, pc, npc, most, d, s, acc, dst);
         }
 #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < rows * hkv; bh++) {
@@ -402,7 +435,7 @@ class StepRuns:
     """The kernel's table for one forward: each row's runs in context order (`add`: a cached prefix
     run, shared or not, or a stretch of the step's buffer or a prefill's new K/V), cut into blocks
     of `CHUNK` positions from the context's start (a block inside one run is a unit read once for
-    every row that holds it at the same place; a block across runs gathers its pieces), and the
+    every row that holds it at the same place; a block across runs reads its pieces in turn), and the
     queries: one per row at its last key (a decode step) or a row's chunk of consecutive positions
     (`done(spans=...)`: prefill, scoring). Made once per forward, read by every layer's call; the
     tensors it points into are kept alive here."""
