@@ -1,7 +1,9 @@
-"""A chunk of several queries a row reads the batch's buffer through SDPA's CPU flash kernel: the
-mask it is given says exactly which keys each query sees, and the result (output and
-log-normaliser, before and after merging cached runs) is the matmul path's to float32 rounding,
-for grouped-query heads, padded rows and chunks that continue a prefill."""
+"""Where the compiled attention kernel is off (`attention.KERNEL`) or cannot be built, a chunk of
+several queries a row reads the batch's buffer through SDPA's CPU flash kernel: the mask it is
+given says exactly which keys each query sees, and the result (output and log-normaliser, before
+and after merging cached runs) is the matmul path's to float32 rounding, for grouped-query heads,
+padded rows and chunks that continue a prefill. The compiled kernel (the default) is the matmul
+path's to float32 rounding over the same cases too."""
 
 from __future__ import annotations
 
@@ -12,12 +14,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treesearch.cache import attention
 from treesearch.cache.attention import BatchKV, flash_mask
 
 NEEDS_KERNEL = pytest.mark.skipif(
     not hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"),
     reason="this torch has no CPU flash attention kernel",
 )
+
+
+@pytest.fixture(autouse=True)
+def _no_compiled_kernel(request, monkeypatch):
+    """These tests are of the torch path: the compiled kernel off unless a test asks for it."""
+    if "compiled" not in request.node.name:
+        monkeypatch.setattr(attention, "KERNEL", False)
 
 
 def _mask(valid: list[list[bool]], write: int, n: int) -> torch.Tensor:
@@ -94,6 +104,32 @@ def test_the_flash_kernel_equals_the_matmul_path(seed, groups, lens, write, runs
     assert (how is True) == (write == 0 and len(set(lens)) == 1)
     for b, m in enumerate(lens):
         assert torch.allclose(fast[b, :m], slow[b, :m], atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    groups=st.sampled_from([(2, 2), (4, 2), (6, 2), (4, 1)]),
+    lens=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+    write=st.sampled_from([0, 0, 5]),
+    runs=st.integers(0, 2),
+)
+def test_the_compiled_kernel_equals_the_matmul_path(seed, groups, lens, write, runs):
+    """The default chunk attention (`attention.KERNEL`): within 1e-5 of the matmul path at the
+    valid query positions, 0 at the padding ones, with or without cached runs."""
+    if attention.kernel() is None:
+        pytest.skip("the attention kernel is not built here")
+    heads, hkv = groups
+    fast, how = _attend(True, seed, heads, hkv, lens, write, runs)
+    assert how is None  # the flash path never ran
+    attention.KERNEL = False
+    try:
+        slow, _ = _attend(False, seed, heads, hkv, lens, write, runs)
+    finally:
+        attention.KERNEL = True
+    for b, m in enumerate(lens):
+        assert torch.allclose(fast[b, :m], slow[b, :m], atol=1e-5, rtol=1e-5)
+        assert not fast[b, m:].any()
 
 
 @NEEDS_KERNEL

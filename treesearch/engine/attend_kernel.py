@@ -614,9 +614,14 @@ def attend_chunk(
     qq = q.transpose(1, 2)  # [B, n, H, d]
     if scaling != 1.0:
         qq = qq * scaling
-    if not (qq.stride(3) == 1 and qq.stride(2) == d and qq.stride(0) == n * qq.stride(1)):
+    # query b n + j at b n + j times one stride; torch calls a tensor contiguous whatever the stride
+    # of a dimension of size 1, so with one query a row that stride is the rows' own
+    if not (qq.stride(3) == 1 and (qq.stride(2) == d or heads == 1)) or (
+        n > 1 and bsz > 1 and qq.stride(0) != n * qq.stride(1)
+    ):
         qq = qq.contiguous()
-    flat = torch.as_strided(qq, (bsz * n, hkv, g, d), (qq.stride(1), g * d, d, 1), qq.storage_offset())
+    step = qq.stride(0) if n == 1 else qq.stride(1)
+    flat = torch.as_strided(qq, (bsz * n, hkv, g, d), (step, g * d, d, 1), qq.storage_offset())
     out = qq.new_empty(bsz * n, hkv, g, d)
     runs.attend(fn, layer, flat, out, torch.get_num_threads())
     return out.view(bsz, n, heads, d)
