@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treesearch.engine import attend_kernel
+from treesearch.engine import attend_kernel, chunk_attend
 from treesearch.engine.attend_kernel import StepRuns
 
 
@@ -135,7 +135,7 @@ def test_the_avx2_build_gives_the_avx512_builds_bits(kernel):
         table.add(shared[:, 0], shared[:, 1], pre, [b])
         table.add(own[b][:, 0], own[b][:, 1], n - b, [b])
     table.done(queries=rows * n, spans=[(b, b * n, n - b, pre) for b in range(rows)])
-    wide, thin = (attend_kernel.attend_chunk(fn, table, 1, q, hkv, 1.0) for fn in fns)
+    wide, thin = (chunk_attend.attend_chunk(fn, table, 1, q, hkv, 1.0) for fn in fns)
     assert torch.equal(wide, thin)
     assert torch.equal(wide[2, n - 2 :], torch.zeros_like(wide[2, n - 2 :]))  # padding queries: 0
 
@@ -166,7 +166,7 @@ def test_a_chunks_queries_get_causal_float64_softmax_and_the_same_bits_however_t
         for a, b in zip(bounds, bounds[1:]):
             table.add(kv[:, 0, :, a:], kv[:, 1, :, a:], b - a, [0])
         table.done(queries=n, spans=[(0, 0, n, total - n)])
-        outs.append(attend_kernel.attend_chunk(kernel, table, 0, q, hkv, 1.0))
+        outs.append(chunk_attend.attend_chunk(kernel, table, 0, q, hkv, 1.0))
     assert torch.equal(outs[0], outs[1])
     k, v = kv[0, 0].double(), kv[0, 1].double()  # [Hkv, T, d]
     for j in range(n):

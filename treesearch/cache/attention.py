@@ -30,15 +30,17 @@ ATTN_NAME = "treesearch"
 # computes it (batch invariance, issue 42). False (or where it cannot be built): torch's flash
 # kernel over the padded chunk and a merge per cached run, `attend_chunk` below.
 KERNEL = True
+# (load, chunk_runs, attend_chunk, StepRuns) of `treesearch.engine.chunk_attend`, set when the engine
+# imports it (this module imports nothing above it); None: the torch path.
+CHUNK_KERNEL: Any = None
 
 
 def kernel() -> Any:
-    """The compiled attention kernel where `KERNEL` is on and it builds, else None."""
-    if not KERNEL:
+    """The compiled attention kernel where `KERNEL` is on, the engine registered it and it builds,
+    else None."""
+    if not KERNEL or CHUNK_KERNEL is None:
         return None
-    from treesearch.engine import attend_kernel  # the engine's kernel; this module imports no engine
-
-    return attend_kernel.load()
+    return CHUNK_KERNEL[0]()
 
 
 Prefix = list[tuple[torch.Tensor, int]]  # a row's cached K/V runs: (kv [L, 2, Hkv, n, d], tokens used)
@@ -105,13 +107,12 @@ class BatchKV:
         assert self._mask is not None, "begin() sets the mask before a forward"
         fn = kernel() if q.dtype == torch.float32 and q.device.type == "cpu" else None
         if fn is not None:
-            from treesearch.engine import attend_kernel
-
+            _, chunk_runs, attend, _ = CHUNK_KERNEL
             if self._table is None:
-                made = attend_kernel.chunk_runs(self.prefixes, self.k, self.v, self.valid[:, :t], w)
+                made = chunk_runs(self.prefixes, self.k, self.v, self.valid[:, :t], w)
                 self._table = False if made is None else made
             if self._table is not False:
-                return attend_kernel.attend_chunk(fn, self._table, layer, q, self.k.shape[2], scaling)
+                return attend(fn, self._table, layer, q, self.k.shape[2], scaling)
         if self._flash is None:
             self._flash = flash_mask(self._mask, w, q.dtype)
         ks, vs = self.k[layer, :, :, :t], self.v[layer, :, :, :t]

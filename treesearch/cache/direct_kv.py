@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from treesearch.cache import attention
 from treesearch.cache.attention import (
     Prefix,
     attend_chunk,
@@ -78,9 +79,7 @@ class DirectKV:
             if self._table is None:
                 self._table = self._kernel_table(q.shape[2])
             if self._table is not False:
-                from treesearch.engine import attend_kernel
-
-                return attend_kernel.attend_chunk(fn, self._table, layer, q, k.shape[1], scaling)
+                return attention.CHUNK_KERNEL[2](fn, self._table, layer, q, k.shape[1], scaling)
         if self._flash is None:
             self._flash = flash_mask(self._mask, 0, q.dtype)
         return attend_chunk(q, ks, vs, self._mask, self._flash, self.groups, layer, scaling)
@@ -88,8 +87,7 @@ class DirectKV:
     def _kernel_table(self, n: int) -> Any:
         """The kernel's table: each row's prefix runs, then its new keys in its sink; its queries
         b n + j at the positions after its prefix. False where the kernel cannot read a run."""
-        from treesearch.engine.attend_kernel import StepRuns
-
+        StepRuns = attention.CHUNK_KERNEL[3]  # noqa: N806 (`treesearch.engine.attend_kernel`'s)
         runs = StepRuns()
         spans = []
         for b, (prefix, (kv, off), m) in enumerate(zip(self.prefixes, self.sinks, self.lens)):

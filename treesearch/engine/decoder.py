@@ -47,7 +47,8 @@ import torch.nn.functional as F
 from treesearch.cache.attention import BatchKV
 from treesearch.cache.direct_kv import DirectKV
 from treesearch.engine import attend_kernel, runs_kernel
-from treesearch.engine.attend_kernel import StepRuns, add_rows
+from treesearch.engine.attend_kernel import StepRuns
+from treesearch.engine.chunk_attend import add_rows
 from treesearch.engine.fused_step import FusedLayers
 from treesearch.engine.linear import A8Linear, FloatLinear, Linear
 from treesearch.engine.step_plan import Plan
