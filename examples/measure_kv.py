@@ -641,7 +641,7 @@ def attention_variants(decoder) -> list[str]:
 
 def _has_attend_kernel() -> bool:
     try:
-        from treesearch.engine import attend_kernel
+        from treesearch.kernels import attend_kernel
     except ImportError:
         return False
     return attend_kernel.load() is not None
@@ -726,7 +726,7 @@ def cmd_profile(args, lm) -> None:
     prefix = _words_prefix(args.prefix)
     (eng, prompts) = step_engines(lm, prefix, [1], args.steps, "fast")[1]
     try:
-        from treesearch.engine.attend_kernel import StepRuns
+        from treesearch.kernels.attend_kernel import StepRuns
 
         attend = StepRuns.attend
 

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from treesearch.cache import attention
 from treesearch.cache.attention import BatchKV, flash_mask
-from treesearch.engine import chunk_attend  # noqa: F401  (registers the compiled kernel)
 
 NEEDS_KERNEL = pytest.mark.skipif(
     not hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"),

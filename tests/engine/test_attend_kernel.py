@@ -1,4 +1,4 @@
-"""The decode step's attention kernel (`treesearch.engine.attend_kernel`): every row's softmax over
+"""The decode step's attention kernel (`treesearch.kernels.attend_kernel`): every row's softmax over
 all the runs it reads (shared by several rows or its own, split into chunks of `CHUNK` tokens and
 merged) equals float64 softmax attention over those tokens, bit for bit the same at any thread
 count and whichever other rows share the step; it reads K/V in place through a run's strides."""
@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treesearch.engine import attend_kernel, chunk_attend
-from treesearch.engine.attend_kernel import StepRuns
+from treesearch.kernels import attend_kernel, chunk_attend
+from treesearch.kernels.attend_kernel import StepRuns
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +112,8 @@ def test_the_avx2_build_gives_the_avx512_builds_bits(kernel):
     the same order, so the same bits, over a prefill chunk and a step."""
     import ctypes
 
-    from treesearch.engine import runs_kernel
-    from treesearch.models.cbuild import build_openmp
+    from treesearch.kernels import runs_kernel
+    from treesearch.kernels.cbuild import build_openmp
 
     flags = runs_kernel._flags()
     if "-mavx2" not in flags:

@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from treesearch.common.stats import Stats
-from treesearch.engine import attend_kernel, decoder
+from treesearch.engine import decoder
 from treesearch.engine.forward import Forward
+from treesearch.kernels import attend_kernel
 from treesearch.models import quantize
 from treesearch.models.load import load_model, tiny_model
 from treesearch.policies.cgee import RowExits

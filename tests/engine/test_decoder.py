@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.engine import attend_kernel, decoder, linear, runs_kernel
+from treesearch.engine import decoder, linear
 from treesearch.engine.local import Engine
+from treesearch.kernels import attend_kernel, runs_kernel
 from treesearch.models.load import tiny_model
 
 WORDS = " the cat sat on a mat and then it ran to big red house with one old dog".split()

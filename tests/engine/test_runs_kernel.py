@@ -1,4 +1,4 @@
-"""The compiled runs kernel (`treesearch.engine.runs_kernel`): each row's attention over the runs it
+"""The compiled runs kernel (`treesearch.kernels.runs_kernel`): each row's attention over the runs it
 reads apart, merged into its joint softmax, equals the same softmax computed in float64 over the
 joint part and every run's tokens, bit for bit the same at any thread count; it reads K/V in place
 through any strides a run's view has; without a compiler, or turned off, the decoder reads the runs
@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treesearch.common.config import RKSCConfig, Sampling
-from treesearch.engine import attend_kernel, decoder, runs_kernel
+from treesearch.engine import decoder
 from treesearch.engine.local import Engine
-from treesearch.engine.runs_kernel import RunTable
+from treesearch.kernels import attend_kernel, runs_kernel
+from treesearch.kernels.runs_kernel import RunTable
 
 
 @pytest.fixture(scope="module")

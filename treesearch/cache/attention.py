@@ -21,26 +21,22 @@ from typing import Any
 
 import torch
 
+from treesearch.kernels import attend_kernel, chunk_attend
+
 ATTN_NAME = "treesearch"
 
 # A chunk's attention (prefill, scoring, the layer path's steps) through the compiled kernel of
-# `treesearch.engine.attend_kernel` where it builds: each query over its own keys in blocks of
+# `treesearch.kernels.attend_kernel` where it builds: each query over its own keys in blocks of
 # `attend_kernel.CHUNK` positions from its context's start, so that its result is the same bits
 # whichever rows share the forward, however its context is cut into runs, and as the decode step
 # computes it (batch invariance, issue 42). False (or where it cannot be built): torch's flash
 # kernel over the padded chunk and a merge per cached run, `attend_chunk` below.
 KERNEL = True
-# (load, chunk_runs, attend_chunk, StepRuns) of `treesearch.engine.chunk_attend`, set when the engine
-# imports it (this module imports nothing above it); None: the torch path.
-CHUNK_KERNEL: Any = None
 
 
 def kernel() -> Any:
-    """The compiled attention kernel where `KERNEL` is on, the engine registered it and it builds,
-    else None."""
-    if not KERNEL or CHUNK_KERNEL is None:
-        return None
-    return CHUNK_KERNEL[0]()
+    """The compiled attention kernel where `KERNEL` is on and it builds, else None."""
+    return attend_kernel.load() if KERNEL else None
 
 
 Prefix = list[tuple[torch.Tensor, int]]  # a row's cached K/V runs: (kv [L, 2, Hkv, n, d], tokens used)
@@ -107,12 +103,11 @@ class BatchKV:
         assert self._mask is not None, "begin() sets the mask before a forward"
         fn = kernel() if q.dtype == torch.float32 and q.device.type == "cpu" else None
         if fn is not None:
-            _, chunk_runs, attend, _ = CHUNK_KERNEL
             if self._table is None:
-                made = chunk_runs(self.prefixes, self.k, self.v, self.valid[:, :t], w)
+                made = chunk_attend.chunk_runs(self.prefixes, self.k, self.v, self.valid[:, :t], w)
                 self._table = False if made is None else made
             if self._table is not False:
-                return attend(fn, self._table, layer, q, self.k.shape[2], scaling)
+                return chunk_attend.attend_chunk(fn, self._table, layer, q, self.k.shape[2], scaling)
         if self._flash is None:
             self._flash = flash_mask(self._mask, w, q.dtype)
         ks, vs = self.k[layer, :, :, :t], self.v[layer, :, :, :t]

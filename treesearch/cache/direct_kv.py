@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from treesearch.cache import attention
 from treesearch.cache.attention import (
     Prefix,
     attend_chunk,
@@ -29,6 +28,8 @@ from treesearch.cache.attention import (
     kernel,
     select_groups,
 )
+from treesearch.kernels import chunk_attend
+from treesearch.kernels.attend_kernel import StepRuns
 
 Sink = tuple[torch.Tensor, int]  # a row's K/V home: (kv [L, 2, Hkv, capacity, d], first position to write)
 
@@ -79,7 +80,7 @@ class DirectKV:
             if self._table is None:
                 self._table = self._kernel_table(q.shape[2])
             if self._table is not False:
-                return attention.CHUNK_KERNEL[2](fn, self._table, layer, q, k.shape[1], scaling)
+                return chunk_attend.attend_chunk(fn, self._table, layer, q, k.shape[1], scaling)
         if self._flash is None:
             self._flash = flash_mask(self._mask, 0, q.dtype)
         return attend_chunk(q, ks, vs, self._mask, self._flash, self.groups, layer, scaling)
@@ -87,7 +88,6 @@ class DirectKV:
     def _kernel_table(self, n: int) -> Any:
         """The kernel's table: each row's prefix runs, then its new keys in its sink; its queries
         b n + j at the positions after its prefix. False where the kernel cannot read a run."""
-        StepRuns = attention.CHUNK_KERNEL[3]  # noqa: N806 (`treesearch.engine.attend_kernel`'s)
         runs = StepRuns()
         spans = []
         for b, (prefix, (kv, off), m) in enumerate(zip(self.prefixes, self.sinks, self.lens)):

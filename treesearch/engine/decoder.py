@@ -13,12 +13,12 @@ about 40 small ops per layer (views included) over weights packed once per model
 - RoPE as x cos + roll(x, d/2) sin', sin' = sin with its first half negated (rotate_half in one op).
 - Attention with `ATTENTION = "kernel"`: every run each row reads (cached prefix runs, shared or
   its own, and the step's buffer) in one compiled call per layer on all the step's threads, split
-  into chunks merged by log-sum-exp (`treesearch.engine.attend_kernel`); the torch ops below are
+  into chunks merged by log-sum-exp (`treesearch.kernels.attend_kernel`); the torch ops below are
   the default (see `ATTENTION`); the torch ops below are the path where it cannot be built.
 - Attention ("math", `_attend_joint`): one softmax over each row's buffer and the cached runs every
   row reads, their scores side by side (K/V read in place). The runs a row reads apart from the
   others (its own, and runs only some rows read) are merged into it by the compiled kernel of
-  `treesearch.engine.runs_kernel`, one call per layer, in place (`RUNS_KERNEL`). Without it:
+  `treesearch.kernels.runs_kernel`, one call per layer, in place (`RUNS_KERNEL`). Without it:
   the row's own runs join the softmax (copied into one block per step when short and no cache
   budget is set), and runs that only some rows read (and every run, with `ATTENTION = "flash"`:
   SDPA's CPU flash kernel, slower here for a step's few query rows) are parts with their
@@ -46,17 +46,17 @@ import torch.nn.functional as F
 
 from treesearch.cache.attention import BatchKV
 from treesearch.cache.direct_kv import DirectKV
-from treesearch.engine import attend_kernel, runs_kernel
-from treesearch.engine.attend_kernel import StepRuns
-from treesearch.engine.chunk_attend import add_rows
 from treesearch.engine.fused_step import FusedLayers
 from treesearch.engine.linear import A8Linear, FloatLinear, Linear
 from treesearch.engine.step_plan import Plan
+from treesearch.kernels import attend_kernel, runs_kernel
+from treesearch.kernels.attend_kernel import StepRuns
+from treesearch.kernels.chunk_attend import add_rows
 from treesearch.models.quantize import Int8Linear, W8A8Linear, is_quantized
 
 # "math" (matmul, softmax with its log-normaliser, matmul), "flash" (SDPA's CPU flash kernel: per
 # step in examples/measure_kv.py decode, several times slower over a 1,000-token prefix) or
-# "kernel": every run in one compiled call per layer on all threads (`treesearch.engine.attend_kernel`;
+# "kernel": every run in one compiled call per layer on all threads (`treesearch.kernels.attend_kernel`;
 # where it cannot be built, "math"). `measure_kv.py limit` times the variants side by side; alone on
 # a 2-core EPYC, two threads, 1,000-token context, the kernel's step against math's: default model
 # 40 vs 53 ms at 1 row, 53 vs 63 at 4, 109 vs 125 at 16; 0.5B 81-88 vs 94-96 at 1 row, about equal
@@ -74,7 +74,7 @@ PACK_SINGLES_BYTES = 8 << 20
 # set). The "kernel" attention shares its work out over the threads itself.
 SERIAL_ATTENTION = True
 # The runs each row reads apart from the others (its own, and runs some rows read) through the
-# compiled kernel of `treesearch.engine.runs_kernel` where it builds: one call per layer instead of
+# compiled kernel of `treesearch.kernels.runs_kernel` where it builds: one call per layer instead of
 # two products per row and run (False: always the torch ops below).
 RUNS_KERNEL = True
 # Steps the compiled layer calls take (`treesearch.engine.fused_step`: two per layer around the

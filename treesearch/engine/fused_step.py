@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from treesearch.engine.attend_kernel import CHUNK, StepRuns
 from treesearch.engine.linear import KERNEL_ROWS, A8Linear, FloatLinear, Linear
+from treesearch.kernels.attend_kernel import CHUNK, StepRuns
 from treesearch.models import int8_kernel
 from treesearch.models.layer_kernel import StepArgs
 

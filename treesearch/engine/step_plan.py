@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from treesearch.cache.attention import BatchKV
-from treesearch.engine.runs_kernel import RunTable
+from treesearch.kernels.runs_kernel import RunTable
 
 
 class Plan:
@@ -17,7 +17,7 @@ class Plan:
     and the cached prefix runs sorted by who reads them. With attention "math" the runs every row
     reads (`shared`) join the buffer in one softmax (`_attend_joint` in the decoder). The runs a
     row reads apart from others (its own, and runs only some rows read) go:
-    - with the compiled kernel (`kernel`, see `treesearch.engine.runs_kernel`): into one table
+    - with the compiled kernel (`kernel`, see `treesearch.kernels.runs_kernel`): into one table
       (`runs`), read in place in one call per layer and merged into that softmax;
     - else the runs of one row (`singles`) join the softmax, copied side by side into one padded
       block (`packed`) when that takes at most pack_bytes, else read in place row by row, and runs

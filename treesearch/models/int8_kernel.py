@@ -4,7 +4,7 @@ s [N], float32 activations x [rows, K] -> float32 [rows, N]: the product of ever
 Why: a decode step reads every weight once, so its time is the weights' bytes over memory bandwidth;
 int8 weights are a quarter of float32's. No ready torch op is fast at every batch size on both CPU
 families (AVX2 EPYC, AVX-512 Xeon) with float32 activations (docs/guide/precision.md), so this is a
-small C kernel compiled at first use (as `treesearch.engine.runs_kernel` is): each weight byte is
+small C kernel compiled at first use (as `treesearch.kernels.runs_kernel` is): each weight byte is
 widened to float32 in registers (AVX2 `cvtepi8_epi32` + `cvtepi32_ps`, 8 lanes, or AVX-512's 16
 where the CPU has AVX-512F/BW/VL) and multiplied into FMA accumulators.
 
@@ -37,10 +37,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from treesearch.models.cbuild import compile_library, compiler
+from treesearch.kernels.cbuild import compile_library, compiler
+from treesearch.kernels.simd import VEC8
 from treesearch.models.int8_blocks import BLOCK, BLOCKED, blocks
 from treesearch.models.layer_kernel import LAYER, STEP_HEAD, type_layer_calls
-from treesearch.models.simd import VEC8
 
 _HEAD = (
     r"""
@@ -284,7 +284,7 @@ def _cflags(which: str) -> list[str]:
 
 
 def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
-    """SOURCE compiled with flags (cached, `treesearch.models.cbuild`), loaded and typed."""
+    """SOURCE compiled with flags (cached, `treesearch.kernels.cbuild`), loaded and typed."""
     dll = compile_library(SOURCE, "int8", flags, cc)
     for name in ("ts_int8_linear", "ts_f32_linear"):
         fn = getattr(dll, name)

@@ -2,7 +2,7 @@
 `ts_*_attn_in` (RMSNorm, the q/k/v projection, RoPE and the K/V write), `ts_*_mlp` (the output
 projection and its residual, RMSNorm, gate/up, SiLU x up, down and its residual), and `ts_*_step`,
 which runs every layer of a step, the attention kernel between the two calls of each
-(`treesearch.engine.attend_kernel`, called through its address), then the final RMSNorm and the
+(`treesearch.kernels.attend_kernel`, called through its address), then the final RMSNorm and the
 LM head, in one call from Python.
 
 Why one call: a one-row step of the default model (30 layers) made 91 ctypes calls from a Python
@@ -25,7 +25,7 @@ _F32 = ctypes.c_float
 
 # Once, before the per-type calls: the attention kernel's signature and `ts_step`, a step's facts.
 STEP_HEAD = r"""
-/* `treesearch.engine.attend_kernel`'s ts_attend: 0, or -1 when out of memory. */
+/* `treesearch.kernels.attend_kernel`'s ts_attend: 0, or -1 when out of memory. */
 typedef int (*ts_attend_fn)(const float *q, int64_t q_row, float *out, int64_t rows, int64_t hkv,
                             int64_t g, int64_t d, const int64_t *runs, const int64_t *nread,
                             const int64_t *readers, int64_t nruns, int64_t layer, int64_t threads,

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from treesearch.common.cachedir import cache_dir
 
-def cache_dir() -> Path:
-    """Where converted models are kept: $TREESEARCH_CACHE, else $XDG_CACHE_HOME/treesearch."""
-    env = os.environ.get("TREESEARCH_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "treesearch"
+__all__ = ["cache_dir", "models_dir"]
 
 
 def models_dir() -> Path:

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from treesearch.models.cbuild import compile_library, compiler
+from treesearch.kernels.cbuild import compile_library, compiler
 from treesearch.models.int8_kernel import cpu_flags
 from treesearch.models.w8a8_blocks import BLOCK, QB, SOURCE, padded, unlayout
 
@@ -65,7 +65,7 @@ def _cflags(which: str, defines: tuple[str, ...] = ()) -> list[str]:
 
 
 def _compile(cc: str, flags: list[str]) -> ctypes.CDLL:
-    """SOURCE compiled with flags (cached, `treesearch.models.cbuild`), loaded and typed."""
+    """SOURCE compiled with flags (cached, `treesearch.kernels.cbuild`), loaded and typed."""
     dll = compile_library(SOURCE, "w8a8", flags, cc)
     dll.ts_w8a8_proj.argtypes = [_PTR, _PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _I64, _PTR, _PTR, _PTR]
     dll.ts_w8a8_proj.restype = None

@@ -21,7 +21,7 @@ into cached runs (a shared prefix against a whole prompt, a prompt prefilled in 
 a prefill or a decode step computes it: batch invariance (issue 42;
 tests/engine/test_batch_invariance.py).
 
-It is C, built and cached like `treesearch.engine.runs_kernel` (same compiler, flags and switch
+It is C, built and cached like `treesearch.kernels.runs_kernel` (same compiler, flags and switch
 `TREESEARCH_RUNS_KERNEL=0`); where it cannot be built `load()` returns None and the decoder takes
 the torch-op attention (not batch invariant). tests/engine/test_attend_kernel.py checks it against
 float64 softmax.
@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from treesearch.engine import runs_kernel
-from treesearch.models.simd import VEC8
+from treesearch.kernels import runs_kernel
+from treesearch.kernels.simd import VEC8
 
 CHUNK = 128  # positions per block: 1,000 cached tokens over 3 kv heads make 24 units
 

@@ -1,5 +1,5 @@
 """Compiling a kernel's C source once and loading it: the project's compiled kernels
-(`treesearch.models.int8_kernel`, `treesearch.models.w8a8_kernel`, `treesearch.engine.runs_kernel`)
+(`treesearch.models.int8_kernel`, `treesearch.models.w8a8_kernel`, `treesearch.kernels.runs_kernel`)
 are built at first use by the system compiler and cached by source, flags and compiler."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from treesearch.models.paths import cache_dir
+from treesearch.common.cachedir import cache_dir
 
 
 def compiler(cc: str | None = None) -> str:

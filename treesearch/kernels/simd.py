@@ -1,6 +1,6 @@
 """Eight-float vectors for the compiled kernels (GCC vector extensions, AVX2 registers where the
 build has -mavx2): load, store, splat, select and e^x (`exp8`), shared by the attention kernel
-(`treesearch.engine.attend_kernel`) and the layer calls (`treesearch.models.int8_kernel`)."""
+(`treesearch.kernels.attend_kernel`) and the layer calls (`treesearch.models.int8_kernel`)."""
 
 VEC8 = r"""
 typedef float v8 __attribute__((vector_size(32)));

@@ -1,6 +1,6 @@
 """The attention kernel's tables for a prompt chunk (prefill, scoring: each row's queries at
-consecutive positions) and its call (`treesearch.engine.attend_kernel`), registered with
-`treesearch.cache.attention` (which imports nothing above it) when this module is imported."""
+consecutive positions) and its call (`treesearch.kernels.attend_kernel`), read by
+`treesearch.cache.attention`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ from typing import Any
 
 import torch
 
-from treesearch.cache import attention
-from treesearch.engine import attend_kernel
-from treesearch.engine.attend_kernel import StepRuns
+from treesearch.kernels.attend_kernel import StepRuns
 
 
 def add_rows(runs: StepRuns, prefixes: list, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> bool:
@@ -85,6 +83,3 @@ def attend_chunk(
     out = qq.new_empty(bsz * n, hkv, g, d)
     runs.attend(fn, layer, flat, out, torch.get_num_threads())
     return out.view(bsz, n, heads, d)
-
-
-attention.CHUNK_KERNEL = (attend_kernel.load, chunk_runs, attend_chunk, StepRuns)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from treesearch.models.cbuild import build_openmp
+from treesearch.kernels.cbuild import build_openmp
 
 # One row, one kv head: its g query heads' scores over every token of the row's runs, then the
 # softmax merged with the row's joint part (normalised output o and log-normaliser l: the state
