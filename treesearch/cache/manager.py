@@ -57,6 +57,7 @@ class Row:
     must_store: bool = False  # its prompt's K/V must be cached (a protected owner's, e.g. the root's)
     stats: Stats | None = None  # where the work done for this row is counted (its search's)
     search: Hashable = None  # the search it belongs to (its prompt counts are kept per search)
+    held: list[Chain] = field(default_factory=list)  # pinned for it while it waits a step (ASKS's pre-pass)
 
 
 def bare_copy(r: Row) -> Row:
@@ -184,11 +185,6 @@ class CacheManager:
         for st in distinct(charge):
             st.peak_kv_bytes = max(st.peak_kv_bytes, self.store.peak_bytes)
             st.peak_store_bytes = max(st.peak_store_bytes, self.store.peak_held)
-
-    def fits_free(self, token_runs: list[int]) -> bool:
-        """Whether new runs of these token counts fit in room that displaces nothing owned."""
-        need = sum(_ceil(n, self.store.block_size) for n in token_runs) * self.store.block_bytes
-        return self.store.can_hold(need, free_only=True)
 
     # -- planning a call ------------------------------------------------------------------------------
     def lookup(self, rows: list[Row]) -> None:
