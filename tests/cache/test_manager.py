@@ -427,7 +427,7 @@ def test_rows_that_share_a_run_after_an_earlier_row_wait_for_it():
         Row(ids=[1, 2, 3, 4, *run, 40]),
     ]
     cm.lookup(rows)
-    assert shared_run_followers(rows, cm.share_min_tokens) == [1, 3]
+    assert shared_run_followers(rows, cm.share_min_tokens) == {1: 0, 3: 0}
     cm.end_call()
 
 
@@ -436,7 +436,7 @@ def test_runs_shorter_than_share_min_tokens_are_not_shared():
     put(cm, [1, 2, 3, 4])
     rows = [Row(ids=[1, 2, 3, 4, 10, 11, 12, 13, 14, 20]), Row(ids=[1, 2, 3, 4, 10, 11, 12, 13, 14, 30])]
     cm.lookup(rows)
-    assert shared_run_followers(rows, 6) == []  # they share 5 new tokens, fewer than 6
+    assert shared_run_followers(rows, 6) == {}  # they share 5 new tokens, fewer than 6
 
 
 def shared_rows() -> list[Row]:
@@ -454,10 +454,10 @@ def test_bare_rows_share_no_run():
     put(cm, [1, 2, 3, 4])
     rows = shared_rows()
     cm.lookup(rows)
-    assert shared_run_followers(rows, 4) == [1, 3]
+    assert shared_run_followers(rows, 4) == {1: 0, 3: 2}
     bare = [bare_copy(r) for r in rows]
     cm.lookup(bare)
-    assert shared_run_followers(bare, 4) == [] and [(r.chain, r.matched) for r in bare] == [([], 0)] * 4
+    assert shared_run_followers(bare, 4) == {} and [(r.chain, r.matched) for r in bare] == [([], 0)] * 4
     cm.end_call()
     cm.store.check_invariants()
 

@@ -10,7 +10,6 @@ segments of their own. So running a plan never asks whether something fits."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,7 +67,7 @@ class StepPlan:
     parts: list[Part] = field(default_factory=list)
     decode: list[GenRow] = field(default_factory=list)
     preempted: list[GenRow] = field(default_factory=list)
-    deferred: set[Hashable] = field(default_factory=set)  # ids of rows that wait a step (shared runs, ASKS)
+    followers: list[tuple[Any, Any]] = field(default_factory=list)  # (row that waits, row computing its run)
 
     def chains(self) -> list[Chain]:
         """Every chain the step reads (the store counts their evicted parts as room they take)."""

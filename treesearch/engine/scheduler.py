@@ -226,6 +226,9 @@ class Scheduler:
             left -= n
             if n == g.todo():
                 plan.decode.append(g)  # its prompt comes in: it decodes in this step too
+        went = {id(it) for b in plan.scores for it in b.items} | {id(g) for g in self.filling}
+        for row, first in plan.followers:  # waited for a run only if its first row computes it now
+            row.waited = id(first) in went
         return plan
 
     def _run(self, plan: StepPlan, ready: int) -> None:
@@ -323,14 +326,17 @@ class Scheduler:
         """Looked-up rows of one batch (generate or score) that wait a step: those that start with a
         run not yet cached that an earlier row of the batch starts with (that row computes it as
         part of its own prompt; they find it cached at the next step), and, under ASKS, those its
-        pre-pass computes now (`_plan_asks`). A row waits once at most."""
-        waits = [k for k in shared_run_followers(rows, self.cache.share_min_tokens) if not items[k].waited]
+        pre-pass computes now (`_plan_asks`). A row waits once at most (for a run: once its first
+        row was admitted or scored in that step, `schedule`)."""
+        lead = shared_run_followers(rows, self.cache.share_min_tokens)
+        waits = [k for k in lead if not items[k].waited]
+        plan.followers += [(items[k], items[lead[k]]) for k in waits]
         if self.runner.config.kv_sharing == "asks":
             rest = [k for k in range(len(items)) if k not in waits and not items[k].waited]
             passed = self._plan_asks(plan, [items[k] for k in rest], [rows[k] for k in rest])
             waits += [rest[j] for j in passed]
-        for k in waits:
-            items[k].waited = True
+            for k in passed:
+                items[rest[k]].waited = True
         return sorted(waits)
 
     def _plan_asks(self, plan: StepPlan, items: list, rows: list[Row]) -> list[int]:
