@@ -229,6 +229,8 @@ class Scheduler:
         went = {id(it) for b in plan.scores for it in b.items} | {id(g) for g in self.filling}
         for row, first in plan.followers:  # waited for a run only if its first row computes it now
             row.waited = id(first) in went
+            if row.waited and isinstance(row, GenRow):
+                row.after = first  # and waits until its prompt is in (`_admit`)
         return plan
 
     def _run(self, plan: StepPlan, ready: int) -> None:
@@ -269,10 +271,15 @@ class Scheduler:
         cannot fit with nothing else holding K/V runs without its cached prefix (bare), or, if
         even that cannot fit, fails its call."""
         plan = self.plan
+        popped: list[GenRow] = []  # off the queue, in order: those not admitted go back
         picked: list[GenRow] = []
         est = 0
         while self.gen_wait and est < left and self.rows_held() + len(picked) < self.max_rows:
             g = self.gen_wait.popleft()
+            popped.append(g)
+            if g.after is not None and g.after in self.filling:
+                continue  # the row computing the run it shares is still prefilling it
+            g.after = None
             est += len(g.context) - (1 if g.gens else 0) - g.row.matched  # uncached when it was submitted
             picked.append(g)
         plans = []
@@ -286,18 +293,15 @@ class Scheduler:
             self.cache.lookup(plans)
             waits = set(self.defer(plan, picked, plans))
         admitted: list[GenRow] = []
-        back: list[GenRow] = []
         failed: GenRow | None = None
         for k, (g, p) in enumerate(zip(picked, plans)):
             if k in waits or failed is not None or left <= 0:
-                back.append(g)
                 continue
             ok = self.memory.hold(g, p, plan.chains())
             if not ok and not admitted and not self.rows_held() and not plan.holds():
                 ok = self._hold_alone(g, p)
             if not ok:
                 failed = g
-                back.append(g)
                 continue
             left -= len(p.ids) - p.matched
             plan.reads.append((p.chain, g.stats))
@@ -307,7 +311,7 @@ class Scheduler:
             if not g.reused:
                 g.asks_sigma, g.asks_ref = g.row.asks_sigma, g.row.asks_ref
             admitted.append(g)
-        for g in reversed(back):
+        for g in reversed([g for g in popped if g not in admitted]):
             self.gen_wait.appendleft(g)
         if failed is not None and not admitted and not self.rows_held() and not plan.holds():
             self.fail_call(failed.call, self.memory.no_room(failed))  # nothing holds room that could free
