@@ -1,6 +1,6 @@
 """Shared runs: new-token runs that several rows of a batch start with (a few-shot template's tail
 that the cache does not hold yet). Planning only: the first row of such a group computes the run
-as part of its own prompt, and the others wait one step, when they find it cached (the scheduler,
+as part of its own prompt, and the others wait until its prompt is in, then find it cached (the scheduler,
 `treesearch.engine.scheduler`). No forward of its own, no room of its own."""
 
 from __future__ import annotations

@@ -331,7 +331,8 @@ class Scheduler:
         run not yet cached that an earlier row of the batch starts with (that row computes it as
         part of its own prompt; they find it cached at the next step), and, under ASKS, those its
         pre-pass computes now (`_plan_asks`). A row waits once at most (for a run: once its first
-        row was admitted or scored in that step, `schedule`)."""
+        row was admitted or scored in that step, `schedule`; a generate row then until that row's
+        prompt is in, `GenRow.after`)."""
         lead = shared_run_followers(rows, self.cache.share_min_tokens)
         waits = [k for k in lead if not items[k].waited]
         plan.followers += [(items[k], items[lead[k]]) for k in waits]
