@@ -12,11 +12,11 @@ decided first, then run: `schedule` makes a `treesearch.engine.plan.StepPlan` an
 forward; every byte the plan's forwards write is allocated from the store while it is made
 (`KVStore.open_rows`, all or none); the runner (`treesearch.engine.runner.Runner`) executes it and
 this class applies what came out.
-1. schedule: score rows in batches the store has room for (`treesearch.engine.scoring`); every
-   running row whose decode chunks are full grown (`RowMemory.regrow`: copied into one a block
-   bigger; else one more block; when even that cannot fit, the admitted row of lowest omega,
-   LRU: the latest admitted, is preempted: its K/V freed, requeued first, recomputed when
-   readmitted, its tokens and sampler kept); waiting generate rows admitted in arrival order
+1. schedule: every running row whose decode chunks are full grown (`RowMemory.regrow`: copied
+   into one a block bigger; else one more block; when even that cannot fit, the admitted row of
+   lowest omega, LRU: the latest admitted, is preempted: its K/V freed, requeued first,
+   recomputed when readmitted, its tokens and sampler kept); score rows in batches the store has
+   room for (`treesearch.engine.scoring`); waiting generate rows admitted in arrival order
    (preempted rows first), up to `max_rows` admitted and within `step_tokens` uncached prompt
    tokens a step: looked up, rows that share a run not yet cached with an earlier row of their
    batch set aside for a step (the first computes it; ASKS's pre-pass likewise, `defer`), then
@@ -202,17 +202,17 @@ class Scheduler:
         self._check_rows()
 
     def schedule(self) -> StepPlan:
-        """Decide the step into `self.plan`, running no forward: score batches the store has room
-        for; every running row whose decode chunks are full grown (or others preempted for it);
+        """Decide the step into `self.plan`, running no forward: every running row whose decode
+        chunks are full grown (or others preempted for it); score batches the store has room for;
         waiting generate rows admitted (one allocation each: their own K/V and their token of the
         decode step) within `step_tokens` and `max_rows`; the prefill parts; the rows that decode
         (the running ones and those whose prompts come in now)."""
         plan = self.plan
-        if self.score_wait:
-            plan_scores(self, plan)
         for g in sorted(self.running, key=self.memory.rank, reverse=True):  # the most valuable grows first
             if g in self.running and g.room() == 0:
-                self._grow(g)
+                self._grow(g)  # first: every later allocation counts the room the step's reads take back
+        if self.score_wait:
+            plan_scores(self, plan)
         left = self.step_tokens - sum(g.todo() for g in self.filling)
         if self.gen_wait and left > 0 and not (self.backoff and self.running):
             self._admit(left)  # after a preemption, rows wait for a running row to finish (no thrash)
