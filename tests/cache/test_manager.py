@@ -1,7 +1,8 @@
-"""The cache manager (`treesearch.cache.manager`), and the engine's planning over it (residency and
-shared runs: `treesearch.engine.runner`'s functions), directly, over a real `KVStore` (no model).
+"""The cache manager (`treesearch.cache.manager`), residency (`treesearch.engine.runner.make_resident`)
+and shared runs (`treesearch.cache.shared_runs`, planning only), directly, over a real `KVStore`
+(no model).
 
-The `compute` function planning is given is `Recompute` below: the K/V of a token at absolute
+The `compute` function recomputation is given is `Recompute` below: the K/V of a token at absolute
 position p is a tensor holding (p, token), so a test can check that every resident segment holds
 exactly its own tokens at its own positions, whether it was stored, refilled or recomputed. It also
 checks that what it is asked to attend over is resident (what the engine's forward requires) and
@@ -12,16 +13,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hangs import finishes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treesearch.cache.kvstore import Chain, Segment
 from treesearch.cache.manager import CacheManager, Row, bare_copy
+from treesearch.cache.shared_runs import shared_run_followers
 from treesearch.common.config import RKSCConfig
 from treesearch.common.errors import CacheBudgetError
 from treesearch.common.stats import Stats
-from treesearch.engine.runner import hold_rows, make_resident, prepare_rows
+from treesearch.engine.runner import make_resident
 from treesearch.policies.rsbcm import UNSCORED, RootPrompt
 
 BPT = 8  # bytes per token in these tests
@@ -182,7 +183,7 @@ def test_a_must_store_rows_bare_need_counts_its_prompt_once_not_beside_its_reuse
     assert r.stats.least_budget_bytes == 2 * BLOCK + 6 * BPT
 
 
-# -- reserve, report_peak, fits_free, omega and LRU order ----------------------------------------------
+# -- reserve, report_peak, omega and LRU order ----------------------------------------------
 
 
 def three_owned(eviction: str) -> tuple[CacheManager, list[Segment]]:
@@ -233,14 +234,6 @@ def test_report_peak_raises_each_searchs_peaks_once_and_never_lowers_them():
     cm.report_peak([a, a, b])
     assert (a.peak_kv_bytes, a.peak_store_bytes) == (5 * BLOCK, 2 * BLOCK)
     assert (b.peak_kv_bytes, b.peak_store_bytes) == (100 * BLOCK, 50 * BLOCK)
-
-
-def test_fits_free_counts_whole_blocks_in_room_that_displaces_nothing_owned():
-    cm, _ = make(budget=3 * BLOCK)
-    cm.acquire(1, put(cm, [1, 1, 1, 1]))  # owned: not free room
-    put(cm, [2, 2, 2, 2])  # free: reclaimable
-    assert cm.fits_free([4, 1])  # 2 blocks: the free budget block and the free segment's
-    assert not cm.fits_free([5, 1])  # 3 blocks
 
 
 # -- store_kv, insert, ensure_resident -----------------------------------------------------------------
@@ -337,16 +330,22 @@ def test_insert_refills_an_evicted_segment_it_runs_through_from_its_own_kv():
     cm.store.check_invariants()
 
 
-def test_hold_pins_every_rows_chain_recomputes_it_and_counts_a_bare_rows_cut():
+def test_a_rows_chain_is_made_resident_and_a_bare_rows_cut_is_what_it_could_have_reused():
+    """What a step does for the rows it admits: their chains pinned and their evicted parts
+    recomputed (the runner, before the step's forwards); a bare row reads no cached prefix and
+    its cut (counted as recomputed where it is planned) is what it could have reused."""
     cm, model = make()
     a, _ = put(cm, [1, 2, 3, 4, 5, 6])
     cm.store.evict(a)
     s1, s2 = Stats(), Stats()
     r, bare = Row(ids=[1, 2, 3, 4, 5, 6, 7], stats=s1), Row(ids=[1, 2, 3, 9], bare=True, stats=s2)
     cm.lookup([r, bare])
-    hold_rows(cm, model, [r, bare])
+    assert (r.chain, bare.chain, bare.cut) == ([(a, 6)], [], 3)
+    for row in (r, bare):
+        cm.pin(row.chain)
+        make_resident(cm, model, row.chain, row.stats)
     assert a.pins == 1 and a.resident_len == 6 and model.calls == [([], [1, 2, 3, 4, 5, 6], 0)]
-    assert (s1.recomputed_tokens, s2.recomputed_tokens) == (6, 3)
+    assert (s1.recomputed_tokens, s2.recomputed_tokens) == (6, 0)
     cm.end_call()
     assert a.pins == 0
 
@@ -414,92 +413,51 @@ def test_new_search_releases_owners_keeps_the_last_searchs_prompts_and_resets_co
 # -- shared runs ----------------------------------------------------------------------------------------
 
 
-def test_a_run_several_rows_share_is_computed_once_and_reused_by_them():
-    cm, model = make(share_min_tokens=5)  # exactly the run's length: shared
-    a, _ = put(cm, [1, 2, 3, 4])
-    s0, s1 = Stats(), Stats()
+def test_rows_that_share_a_run_after_an_earlier_row_wait_for_it():
+    """Shared runs are planning only: of rows that start, after the same cached chain end, with a
+    run of at least share_min_tokens new tokens, the first computes it as part of its own prompt
+    and the others (returned) wait a step, when they find it cached."""
+    cm, _ = make(share_min_tokens=5)  # exactly the run's length: shared
+    put(cm, [1, 2, 3, 4])
     run = [10, 11, 12, 13, 14]
     rows = [
-        Row(ids=[1, 2, 3, 4, *run, 20], stats=s0),
-        Row(ids=[1, 2, 3, 4, *run, 30, 31], stats=s1),
+        Row(ids=[1, 2, 3, 4, *run, 20]),
+        Row(ids=[1, 2, 3, 4, *run, 30, 31]),
         Row(ids=[1, 2, 3, 4, 50, 51, 52, 53, 54, 55]),  # starts differently: computes its own
+        Row(ids=[1, 2, 3, 4, *run, 40]),
     ]
-    prepare_rows(cm, model, rows)
-    assert model.calls == [([(a.id, 4)], run, 4)] and model.charges == [s0]
-    assert [r.matched for r in rows] == [9, 9, 4] and [r.prepass for r in rows] == [5, 0, 0]
-    shared = rows[0].chain[-1][0]
-    assert rows[1].chain == [(a, 4), (shared, 5)] and shared.tokens == tuple(run) and kv_is_exact(shared)
+    cm.lookup(rows)
+    assert shared_run_followers(rows, cm.share_min_tokens) == {1: 0, 3: 0}
     cm.end_call()
-    assert (a.pins, shared.pins) == (0, 0)
-    cm.store.check_invariants()
 
 
 def test_runs_shorter_than_share_min_tokens_are_not_shared():
-    cm, model = make(share_min_tokens=6)
+    cm, _ = make(share_min_tokens=6)
     put(cm, [1, 2, 3, 4])
     rows = [Row(ids=[1, 2, 3, 4, 10, 11, 12, 13, 14, 20]), Row(ids=[1, 2, 3, 4, 10, 11, 12, 13, 14, 30])]
-    prepare_rows(cm, model, rows)  # they share 5 new tokens, fewer than 6
-    assert model.calls == [] and [r.matched for r in rows] == [4, 4]
-
-
-def test_shared_runs_are_skipped_when_the_budget_has_no_room_for_them():
-    cm, model = make(budget=BLOCK, share_min_tokens=4)
-    a, _ = put(cm, [1, 2, 3, 4])  # fills the budget, and is the rows' (pinned) context
-    rows = [Row(ids=[1, 2, 3, 4, 10, 11, 12, 13, 14, 20]), Row(ids=[1, 2, 3, 4, 10, 11, 12, 13, 14, 30])]
-    prepare_rows(cm, model, rows)
-    assert model.calls == [] and [r.matched for r in rows] == [4, 4] and a.resident
-    cm.end_call()
-    assert a.pins == 0
+    cm.lookup(rows)
+    assert shared_run_followers(rows, 6) == {}  # they share 5 new tokens, fewer than 6
 
 
 def shared_rows() -> list[Row]:
     """Two pairs of rows after the cached [1, 2, 3, 4]: one pair shares a 6-token run, the other a
-    4-token run (2 + 1 blocks; their forward's buffer pads both runs to 6 tokens: 12 tokens)."""
+    4-token run."""
     a, b = [10, 11, 12, 13, 14, 15], [20, 21, 22, 23]
     return [Row(ids=[1, 2, 3, 4, *run, tail]) for run in (a, b) for tail in (40, 41)]
 
 
-@pytest.mark.parametrize(("spare", "shared"), [(-1, False), (0, True)])
-def test_shared_runs_need_room_for_their_blocks_and_their_forwards_buffer(spare, shared):
-    """The runs' 3 blocks (12 tokens) fit; beside them the forward's buffer (12 tokens) must fit
-    too, or each row computes its own: the engine's forward reserves that buffer, and a budget
-    that held the blocks but not the buffer failed the whole admission (every row in it)."""
-    room = 3 * BLOCK + 12 * BPT
-    cm, model = make(budget=BLOCK + room + spare, share_min_tokens=4)
-    a, _ = put(cm, [1, 2, 3, 4])  # one block, pinned as the runs' context
+def test_bare_rows_share_no_run():
+    """Bare rows (a budget too small for their context and their buffer) attend over no cached
+    prefix: they share no run (planning them once looped for ever, a score batch under a budget
+    hung)."""
+    cm, _ = make(share_min_tokens=4)
+    put(cm, [1, 2, 3, 4])
     rows = shared_rows()
-    prepare_rows(cm, model, rows)
-    assert len(model.calls) == (2 if shared else 0)
-    assert [r.matched for r in rows] == ([10, 10, 8, 8] if shared else [4, 4, 4, 4])
-    cm.end_call()
-    assert a.pins == 0
-    cm.store.check_invariants()
-
-
-def test_shared_runs_whose_forward_finds_no_room_leave_each_row_to_compute_its_own():
-    cm, model = make(share_min_tokens=4)
-    a, _ = put(cm, [1, 2, 3, 4])
-
-    def no_room(*args):
-        raise CacheBudgetError("no room for the forward's buffer")
-
-    rows = shared_rows()
-    prepare_rows(cm, no_room, rows)  # sharing saves work and is never needed: no error
-    assert [r.matched for r in rows] == [4, 4, 4, 4] and [r.prepass for r in rows] == [0, 0, 0, 0]
-    cm.end_call()
-    assert a.pins == 0 and not model.calls
-    cm.store.check_invariants()
-
-
-def test_bare_rows_take_no_shared_run_and_planning_them_ends():
-    """Bare rows (a budget too small for their context and their buffer) that start with the same
-    run: planning computed the run, looked the rows up again, and a lookup leaves a bare row at
-    no prefix, so it found the same run again, for ever (a score batch under a budget hung)."""
-    cm, model = make(share_min_tokens=4)
-    rows = [bare_copy(r) for r in shared_rows()]
-    out = finishes(lambda: prepare_rows(cm, model, rows))
-    assert out == [None], "planning bare rows did not end"
-    assert not model.calls and [(r.chain, r.matched) for r in rows] == [([], 0)] * 4
+    cm.lookup(rows)
+    assert shared_run_followers(rows, 4) == {1: 0, 3: 2}
+    bare = [bare_copy(r) for r in rows]
+    cm.lookup(bare)
+    assert shared_run_followers(bare, 4) == {} and [(r.chain, r.matched) for r in bare] == [([], 0)] * 4
     cm.end_call()
     cm.store.check_invariants()
 

@@ -14,6 +14,7 @@ import torch
 from treesearch import Engine, RKSCConfig, Sampling
 from treesearch.cache.manager import Row
 from treesearch.common.stats import Stats
+from treesearch.engine.plan import StepPlan
 from treesearch.engine.running import Call, GenRow
 from treesearch.engine.scheduler import seeded
 
@@ -84,10 +85,17 @@ def test_a_direct_prefill_in_one_part_or_two_computes_the_padded_prefills_kv_bit
 
 def _one_row(eng, prompt: str = PROMPT) -> tuple[GenRow, Row]:
     row = Row(ids=eng.tokenize(prompt), stats=Stats())
-    eng.runner.plan_rows([row])
+    eng.cache.lookup([row])
     g = GenRow(Call("generate", 1), 0, prompt, row, SAMPLING, seeded(0))
     g.plan = row
     return g, row
+
+
+def _prefill(sched) -> None:
+    """One step's planning and prefill (no decode): the parts planned, run, their prompts in."""
+    sched.plan = StepPlan()
+    plan = sched.schedule()
+    sched._prompts_in(plan.parts, sched.runner.prefill(plan.parts))
 
 
 def test_while_a_row_prefills_its_prompt_is_held_once_in_its_fill_and_sealed_there(tiny_lm):
@@ -139,12 +147,12 @@ def test_a_row_preempted_while_it_prefills_gives_its_fills_blocks_back(tiny_lm):
     eng = Engine(tiny_lm, RKSCConfig(step_tokens=5, cache_budget=10**9))
     sched, store = eng.scheduler, eng.store
     g, row = _one_row(eng)
-    assert sched.memory.hold(g, row)
+    assert sched.memory.hold(g, row, [])
     fill = g.fill
     assert fill is not None and store.bytes_held == (17 + 7) * store.bytes_per_token
     sched.filling.append(g)
-    done, _, _ = sched._prefill_parts()
-    assert not done and fill.used == 5 and g.filled == 5
+    _prefill(sched)
+    assert g in sched.filling and fill.used == 5 and g.filled == 5
     sched._preempt(g)
     assert fill.kv is None and g.fill is None and not store.open_segments
     assert store.bytes_held == 0 and store.reserved == 0 and not store.segments
@@ -158,17 +166,15 @@ def test_a_preempted_rows_sealed_prompt_stays_in_the_tree_and_its_readmission_ma
     eng = Engine(tiny_lm, RKSCConfig(cache_budget=10**9))
     sched, store = eng.scheduler, eng.store
     g, row = _one_row(eng)
-    assert sched.memory.hold(g, row)
+    assert sched.memory.hold(g, row, [])
     sched.filling.append(g)
-    done, fresh, logits = sched._prefill_parts()
-    assert done == [g] and fresh == [g] and g.fill is None
-    sched.running.extend(done)
-    sched._sample(fresh, logits)
+    _prefill(sched)  # its prompt comes in: it joins the running rows with its first token
+    assert sched.running == [g] and len(g.gens) == 1 and g.fill is None
     sched._preempt(g)
     eng.cache.end_call()  # the step's own pins (the seal's) go as the step ends
     (seg,) = store.segments.values()
     assert seg.resident and seg.pins == 0 and len(seg.tokens) == 17 and not store.open_segments
     plan = Row(ids=g.row.ids + g.gens[:-1], stats=g.stats)
-    eng.runner.plan_rows([plan])
+    eng.cache.lookup([plan])
     assert plan.matched == 16  # a lookup leaves one token to compute: the prompt's last
     store.check_invariants()

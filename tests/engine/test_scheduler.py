@@ -64,12 +64,12 @@ def test_a_row_is_admitted_only_with_room_for_its_token_of_the_decode_steps_buff
     eng = Engine(tiny_lm, RKSCConfig(cache_budget=10**9))
     sampling = Sampling(max_new_tokens=40, ignore_eos=True)
     row = Row(ids=eng.tokenize(PROMPTS[0]), stats=Stats())
-    eng.runner.plan_rows([row])
+    eng.cache.lookup([row])
     g = GenRow(Call("generate", 1), 0, PROMPTS[0], row, sampling, seeded(0))
     bpt = tiny_lm.kv_bytes_per_token
     new, first = len(row.ids) - row.matched, min(eng.store.block_size, 39)
     eng.store.budget = (new + first + spare) * bpt
-    assert eng.scheduler.memory.hold(g, row) is admitted
+    assert eng.scheduler.memory.hold(g, row, []) is admitted
     opened = sum(eng.store.open_bytes(s) for s in eng.store.open_segments.values())  # its first block
     assert eng.store.reserved + opened == ((new + first + 1) * bpt if admitted else 0)
 
@@ -295,9 +295,9 @@ def test_a_score_batch_that_cannot_fit_beside_running_rows_waits_without_recompu
     store.budget = 10**9
     need = eng.cache.need_bytes([row], 0)
     run = Row(ids=eng.tokenize(PROMPTS[0]), stats=Stats())
-    eng.runner.plan_rows([run])
+    eng.cache.lookup([run])
     g = GenRow(Call("generate", 1), 0, PROMPTS[0], run, Sampling(max_new_tokens=40), seeded(0))
-    assert sched.memory.hold(g, run)
+    assert sched.memory.hold(g, run, [])
     sched.running.append(g)
     own = sum(store.open_bytes(s) for s in store.open_segments.values())  # the row's first open segment
     store.budget = need + store.reserved + own - bpt  # one token short of room for the score batch
@@ -325,16 +325,16 @@ def test_a_step_that_raises_while_it_holds_rows_off_the_queues_fails_their_calls
     only the calls still queued, and the stepping thread, whose own rows were in hand, ran empty
     steps forever. Every call not yet returned now gets the error, and the engine goes on."""
     eng = Engine(tiny_lm, RKSCConfig())
-    plan_rows = eng.runner.plan_rows
+    hold = eng.scheduler.memory.hold
     raised: list[int] = []
 
-    def broken(rows):
+    def broken(g, p, reads):
         if not raised:
             raised.append(1)
             raise ValueError("planning failed")
-        return plan_rows(rows)
+        return hold(g, p, reads)
 
-    monkeypatch.setattr(eng.runner, "plan_rows", broken)
+    monkeypatch.setattr(eng.scheduler.memory, "hold", broken)
     out = finishes(lambda: eng.generate(["a row in hand"], Sampling(max_new_tokens=3)))
     assert len(out) == 1, "the call never returned"
     assert isinstance(out[0], ValueError) and "planning failed" in str(out[0])
@@ -360,23 +360,24 @@ def test_a_call_whose_rows_are_nowhere_is_an_error_not_a_hang(tiny_lm, monkeypat
 
 
 def test_rows_whose_planning_finds_no_room_wait_for_the_running_rows_and_then_run(tiny_lm, monkeypatch):
-    """Planning admitted rows may run forwards of its own (shared runs, ASKS) that need room. When
-    it finds none while rows run, the rows go back to the queue and wait; they run, with the
-    tokens they have alone, once the running row has left. With nothing running, the call fails
-    with the budget's error (no room will come)."""
+    """A row the store refuses while rows run (its one allocation at admission, `RowMemory.hold`)
+    goes back to the queue and waits; it runs, with the tokens it has alone, once the running row
+    has left. With nothing running, the call fails with the budget's error (no room will come).
+    (Before the plan was apart from the run, planning ran forwards of its own, shared runs and
+    ASKS's pre-pass, which could find no room: this test refused those.)"""
     sampling = Sampling(max_new_tokens=4, ignore_eos=True)
     want = Engine(tiny_lm, RKSCConfig()).generate(["a late row"], sampling)[0].token_ids
     eng = Engine(tiny_lm, RKSCConfig())
     sched = eng.scheduler
-    plan_rows, refused = eng.runner.plan_rows, []
+    hold, refused = sched.memory.hold, []
 
-    def tight(rows):
+    def tight(g, p, reads):
         if sched.rows_held():
             refused.append(sched.decode_steps)
-            raise CacheBudgetError("no room to plan beside the running rows")
-        return plan_rows(rows)
+            return False
+        return hold(g, p, reads)
 
-    monkeypatch.setattr(eng.runner, "plan_rows", tight)
+    monkeypatch.setattr(sched.memory, "hold", tight)
     running = threading.Event()
     sched.on_step = lambda: sched.running and running.set()
     long = threading.Thread(
@@ -390,12 +391,9 @@ def test_rows_whose_planning_finds_no_room_wait_for_the_running_rows_and_then_ru
     assert out[0][0].token_ids == want
     assert refused and sched.decode_steps > refused[-1]  # refused while the long row ran
 
-    def never(rows):
-        raise CacheBudgetError("no room to plan")
-
-    monkeypatch.setattr(eng.runner, "plan_rows", never)
+    monkeypatch.setattr(sched.memory, "hold", lambda g, p, reads: False)
     out = finishes(lambda: eng.generate(["a lone row"], sampling))
-    assert len(out) == 1 and isinstance(out[0], CacheBudgetError) and "no room to plan" in str(out[0])
+    assert len(out) == 1 and isinstance(out[0], CacheBudgetError) and "cannot run this call" in str(out[0])
     assert not sched._live and not sched.gen_wait and eng.store.reserved == 0
 
 
@@ -423,3 +421,30 @@ def test_a_row_that_fits_alone_is_not_refused_for_the_shared_run_its_batch_plann
     assert len(out) == 1 and not isinstance(out[0], BaseException), out
     assert [g.token_ids for g in out[0]] == want
     assert eng.store.peak_bytes <= budget and eng.store.reserved == 0
+
+
+def test_rows_that_share_a_run_not_yet_cached_compute_it_once_the_first_row_then_the_others(tiny_lm):
+    """Three rows of one call start with a template the cache does not hold: planning runs no
+    forward for it; the first row computes it as part of its own prompt, the other two wait one
+    step and find it cached. Its tokens are prefilled once, reused twice, and every row has the
+    tokens it has alone."""
+    prompts = [f"{TEMPLATES[0]} row {j} says" for j in range(3)]
+    sampling = Sampling(max_new_tokens=5, ignore_eos=True)
+    want = [Engine(tiny_lm, RKSCConfig()).generate([p], sampling)[0].token_ids for p in prompts]
+    eng = Engine(tiny_lm, RKSCConfig())
+    ids = [eng.tokenize(p) for p in prompts]
+    run = next(n for n in range(len(ids[0])) if ids[0][n] != ids[1][n])  # the template's shared run
+    assert run >= eng.cache.share_min_tokens
+    forwards: list[int] = []
+    real = eng.forward.prefill_into
+
+    def counted(prefixes, news, *a, **kw):
+        forwards.append(len(news))
+        return real(prefixes, news, *a, **kw)
+
+    eng.forward.prefill_into = counted
+    out = eng.generate(prompts, sampling)
+    assert [g.token_ids for g in out] == want
+    assert forwards == [1, 2]  # the first row's prompt; the other two's new tokens a step later
+    assert eng.stats.prefill_tokens == sum(len(i) for i in ids) - 2 * run
+    assert eng.stats.reused_tokens == 2 * run

@@ -147,9 +147,10 @@ def _new_tokens(eng) -> list[int]:
 
 def test_a_score_batch_holds_its_prompts_once_in_open_segments_and_seals_them_where_they_are(tiny_lm):
     """While the batch runs the store holds what it held before plus each row's segment of its new
-    tokens, exactly, and reserves nothing; the tails' forward adds one more segment of the tails'
-    tokens (closed after); each row's prompt ends up in the tree in the very tensor its forward
-    wrote (no copy), and no segment is left open."""
+    tokens and one segment of the tails' tokens, exactly (the batch's one allocation, made while
+    the step is planned; the tails' segment is closed after), and reserves nothing; each row's
+    prompt ends up in the tree in the very tensor its forward wrote (no copy), and no segment is
+    left open."""
     eng = Engine(tiny_lm, RKSCConfig(cache_budget=10**9))
     store, bpt = eng.store, tiny_lm.kv_bytes_per_token
     eng.score([HEAD], LABELS)
@@ -159,8 +160,8 @@ def test_a_score_batch_holds_its_prompts_once_in_open_segments_and_seals_them_wh
     out = eng.score(PROMPTS, LABELS)
     (held, reserved, caps, ptrs), (t_held, t_reserved, t_caps, _) = seen
     tails = 4 * (1 + 1)  # two labels of two tokens: one tail token each, per row
-    assert (held, reserved, caps) == (before + sum(lens) * bpt, 0, sorted(lens))
-    assert (t_held, t_reserved, t_caps) == (held + tails * bpt, 0, sorted([*lens, tails]))
+    assert (held, reserved, caps) == (before + (sum(lens) + tails) * bpt, 0, sorted([*lens, tails]))
+    assert (t_held, t_reserved, t_caps) == (held, 0, sorted([*lens, tails]))
     for s, ptr, n in zip(out, ptrs, lens):
         assert s.handle is not None
         seg, used = s.handle

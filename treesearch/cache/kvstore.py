@@ -222,18 +222,22 @@ class KVStore:
         return seg
 
     def open_rows(
-        self, capacities: list[int], make: Callable[[int], Any], reads: list[Chain]
+        self, capacities: list[int], make: Callable[[int], Any], reads: list[Chain], *, reserve: int = 0
     ) -> list[Segment] | None:
-        """Open segments of these capacities for rows that read these chains (`open`; the chains
-        pinned meanwhile), all or none: None, nothing changed, when they do not fit beside the
-        chains made resident (`fits`), so no row recomputes any of its context for room it would
-        not get."""
-        if not self.fits(sum(capacities) * self.bytes_per_token, reads):
+        """The allocator's one answer for a plan's K/V: open segments of these capacities (`open`)
+        for rows that read these chains, and `reserve` bytes more (an admitted row's token of the
+        decode step's buffer), all or none: None, nothing changed, when they do not fit beside
+        the chains made resident (`fits`: their evicted parts count as room they take back), so
+        no row recomputes any of its context for room it would not get."""
+        need = sum(capacities) * self.bytes_per_token + reserve + self.recompute_slack(reads)
+        if not self.fits(need, reads):
             return None
         for chain in reads:
             self.pin(chain)
         try:
             segs = [self.open(n, make) for n in capacities]
+            if reserve:
+                self.reserve(reserve)
         finally:
             for chain in reads:
                 self.unpin(chain)
@@ -399,14 +403,29 @@ class KVStore:
         cache skips caching instead of failing."""
         return nbytes <= self.room(free_only=free_only)
 
-    def missing_bytes(self, chains: list[Chain]) -> int:
-        """Bytes the chains' evicted parts take back when made resident (their refills)."""
+    def _missing(self, chains: list[Chain]) -> list[tuple[Segment, int]]:
+        """Each segment the chains read beyond what it holds resident, with the furthest use."""
         upto: dict[Segment, int] = {}
         for chain in chains:
             for s, used in chain:
                 upto[s] = max(upto.get(s, 0), used)
-        missing = [(s, u) for s, u in upto.items() if u > s.resident_len]
-        return sum(self.tokens_bytes(u) - self.resident_bytes(s) for s, u in missing)
+        return [(s, u) for s, u in upto.items() if u > s.resident_len]
+
+    def missing_bytes(self, chains: list[Chain]) -> int:
+        """Bytes the chains' evicted parts take back when made resident (their refills)."""
+        return sum(self.tokens_bytes(u) - self.resident_bytes(s) for s, u in self._missing(chains))
+
+    def recompute_slack(self, chains: list[Chain]) -> int:
+        """Bytes beyond `missing_bytes` that making the chains resident holds at its peak: each
+        segment's evicted part is recomputed into an open segment of its tokens, closed before its
+        blocks are refilled one segment at a time, and a segment resident up to the middle of a
+        block adds fewer blocks than that buffer's bytes."""
+        bpt = self.bytes_per_token
+        over = [
+            (u - s.resident_len) * bpt - (self.tokens_bytes(u) - self.resident_bytes(s))
+            for s, u in self._missing(chains)
+        ]
+        return max([0, *over])
 
     def fits(self, nbytes: int, chains: list[Chain]) -> bool:
         """Whether `nbytes` more fit once the chains are read (pinned) and made resident: the

@@ -10,15 +10,15 @@ cache keeps what its prompts and the live searches' prompts use (few-shot templa
 the rest (`end_search`).
 
 Budget rules (see `treesearch.cache.kvstore` and `treesearch.policies.rsbcm`): the budget bounds all
-K/V, running rows' open segments and forwards' own buffers included (`reserve`: a batch is counted
-before it is allocated). A call first checks that the budget can hold any one row's context and
-buffer, and a root prompt's blocks with it (else `CacheBudgetError` naming the minimum, before any
-forward); then each batch asks the store for its rows' own K/V (open segments, `KVStore.open_rows`),
-and a batch the store refuses is split (a row waits for room, which finished rows and eviction
-make). The K/V a call computes in passing (new prompt tokens, generated tokens) is optional: it is
-kept, whole or its first blocks, only in room that displaces nothing owned; what does not fit is
-kept as tokens, recomputed if ever needed (`stats.recomputed_tokens`). Results never depend on the
-budget.
+K/V, running rows' open segments and the decode step's buffer included (`KVStore.open_rows`: a
+step's K/V is allocated, all or none, while the step is planned). A call first checks that the
+budget can hold any one row's context and buffer, and a root prompt's blocks with it (else
+`CacheBudgetError` naming the minimum, before any forward); then each batch asks the store for its
+rows' own K/V (open segments, `KVStore.open_rows`), and a batch the store refuses is split (a row
+waits for room, which finished rows and eviction make). The K/V a call computes in passing (new
+prompt tokens, generated tokens) is optional: it is kept, whole or its first blocks, only in room
+that displaces nothing owned; what does not fit is kept as tokens, recomputed if ever needed
+(`stats.recomputed_tokens`). Results never depend on the budget.
 
 This module runs no model and calls nothing above it: the engine computes K/V (evicted segments
 made resident again, runs several rows share: `treesearch.engine.runner`) and hands it down.
@@ -49,14 +49,13 @@ class Row:
     matched: int = 0  # tokens served from the cache (the chain's length)
     asks_ref: int | None = None  # row (in this batch) whose K/V this row attached to
     asks_sigma: float | None = None
-    prepass: int = (
-        0  # of `matched`, tokens computed earlier in this call (a shared run, ASKS's pre-pass): not reused
-    )
+    prepass: int = 0  # of `matched`, tokens ASKS's pre-pass computed for it a step before: not reused
     bare: bool = False  # attend over no cached prefix: compute the whole prompt (a budget too small for both)
     cut: int = 0  # cached tokens a bare row computes again (counted as recomputed)
     must_store: bool = False  # its prompt's K/V must be cached (a protected owner's, e.g. the root's)
     stats: Stats | None = None  # where the work done for this row is counted (its search's)
     search: Hashable = None  # the search it belongs to (its prompt counts are kept per search)
+    held: list[Chain] = field(default_factory=list)  # pinned for it while it waits a step (ASKS's pre-pass)
 
 
 def bare_copy(r: Row) -> Row:
@@ -184,11 +183,6 @@ class CacheManager:
         for st in distinct(charge):
             st.peak_kv_bytes = max(st.peak_kv_bytes, self.store.peak_bytes)
             st.peak_store_bytes = max(st.peak_store_bytes, self.store.peak_held)
-
-    def fits_free(self, token_runs: list[int]) -> bool:
-        """Whether new runs of these token counts fit in room that displaces nothing owned."""
-        need = sum(_ceil(n, self.store.block_size) for n in token_runs) * self.store.block_bytes
-        return self.store.can_hold(need, free_only=True)
 
     # -- planning a call ------------------------------------------------------------------------------
     def lookup(self, rows: list[Row]) -> None:

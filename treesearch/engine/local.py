@@ -4,17 +4,19 @@ starting from the longest cached prefix (`kv_sharing="exact"`) or from scratch (
 One call works in three phases:
 1. prepare: tokenize (`treesearch.engine.tokens`: known texts keep their ids, so a chain-style prompt
    built from an earlier prompt and its generation gets exactly those ids), look each row up in
-   the cache (`treesearch.cache.manager`) and check the budget; at admission the runner
-   (`treesearch.engine.runner`) plans it: runs of new tokens that several rows share (computed
-   once), ASKS attachment (`treesearch.policies.asks`) and the residency of its chain;
+   the cache (`treesearch.cache.manager`) and check the budget; at admission the scheduler plans
+   it (`treesearch.engine.plan`, no forward): looked up again, a run of new tokens an earlier row
+   shares computed by that row first, ASKS's pre-pass (`treesearch.policies.asks`), its K/V
+   allocated from the store; the runner (`treesearch.engine.runner`) then recomputes what its
+   chain lost to eviction;
 2. prefill: each row's remaining prompt tokens in padded batches (`treesearch.engine.forward`), at
    most `config.step_tokens` a scheduler step (`treesearch.engine.scheduler`), attending over its
    cached chain and earlier parts in place (`treesearch.cache.attention`);
 3. decode (generate only): one token per row per step until EOS, a stop string or max tokens.
 The K/V of each row's new prompt tokens and of its fed-back generated tokens is kept (exact
 mode), so a child's context never recomputes its parent's. All K/V a forward writes is counted
-against the cache budget before it is allocated (open segments in the store; a buffer reserved
-with `CacheManager.reserve`), so `stats.peak_kv_bytes` (the store's blocks plus the running
+against the cache budget before it is allocated (open segments in the store; the decode step's
+one token a row reserved with them), so `stats.peak_kv_bytes` (the store's blocks plus the running
 buffers, the most K/V held at once) stays within the budget.
 
 Searches: one after another (`new_search`, counted in `self.stats`), or several at once, each

@@ -1,11 +1,12 @@
-"""The K/V a running generate row holds, against the budget: admission (its chain pinned and
-resident, its fill and first decode chunk open segments in the store, its token of a decode
-step reserved), its fill sealed in place when its prompt is in, a bigger open segment as it
+"""The K/V a running generate row holds, against the budget: admission (one allocation: its fill
+and first decode chunk open segments in the store, its token of a decode step reserved; its
+chain pinned), its fill sealed in place when its prompt is in, a bigger open segment as it
 generates, sealing them in place when it ends, the preemption order, and giving it all back
 (`treesearch.engine.scheduler` decides when)."""
 
 from __future__ import annotations
 
+from treesearch.cache.kvstore import Chain
 from treesearch.cache.manager import Handle, Row
 from treesearch.common.errors import CacheBudgetError
 from treesearch.engine.runner import Runner
@@ -20,35 +21,27 @@ class RowMemory:
         self.cache = runner.cache
         self.config = runner.config
 
-    def hold(self, g: GenRow, p: Row) -> bool:
-        """Pin and make resident the row's chain and hold its own K/V: its fill (an open segment
-        of every uncached token of its context, prefilled now or in later steps), its first
-        decode chunk (an open segment of a block) and its token of a decode step's buffer
-        (reserved), so an admitted row can always take its next step (a row admitted into the
-        last free bytes and then unable to step would preempt itself, be readmitted the same
-        way, and never progress). False: no room (the store says so before any of the chain is
-        recomputed)."""
-        cache = self.cache
-        store = cache.store
+    def hold(self, g: GenRow, p: Row, reads: list[Chain]) -> bool:
+        """Admit a row: one all-or-none allocation from the store (`KVStore.open_rows`) of its own
+        K/V, beside the chains the step reads (`reads`) and its own made resident: its fill (an
+        open segment of every uncached token of its context, prefilled now or in later steps),
+        its first decode chunk (an open segment of a block) and its token of the decode step's
+        buffer (reserved), so an admitted row can always take its next step (a row admitted into
+        the last free bytes and then unable to step would preempt itself, be readmitted the same
+        way, and never progress). Its chain is pinned from here until it leaves; its evicted
+        parts are recomputed by the runner before the step's forwards. False: no room, nothing
+        changed."""
+        store = self.cache.store
         bpt = store.bytes_per_token
         new = len(p.ids) - p.matched  # at least 1: a lookup leaves a token to compute
         first = self.chunk_tokens(g)
-        need = (new + first + 1) * bpt
-        if not store.fits(need, [p.chain]):  # what running rows read leaves too little room: wait
+        sizes = [new, first] if first else [new]
+        segs = store.open_rows(sizes, self.runner.chunk, [*reads, p.chain], reserve=bpt)
+        if segs is None:  # what running rows read leaves too little room: wait
             return False
         store.pin(p.chain)
-        try:
-            self.runner.make_resident(p.chain, g.stats)
-            cache.reserve(need)
-        except CacheBudgetError:
-            store.unpin(p.chain)
-            return False
-        cache.unreserve((new + first) * bpt)  # reserved with the rest, held from here on by its open segments
-        fill = store.open(new, self.runner.chunk, evict=False)
-        seg = store.open(first, self.runner.chunk, evict=False) if first else None
-        assert fill is not None and (seg is not None or not first), "the room just reserved holds them"
-        g.plan, g.pinned, g.filled, g.fill = p, p.chain, 0, fill
-        g.chunks, g.step_bytes = ([seg] if seg is not None else []), bpt
+        g.plan, g.pinned, g.filled, g.fill = p, p.chain, 0, segs[0]
+        g.chunks, g.step_bytes = segs[1:], bpt
         return True
 
     def chunk_tokens(self, g: GenRow) -> int:

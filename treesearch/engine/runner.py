@@ -1,26 +1,28 @@
-"""The model work of the local engine's steps, over the cache manager and the forward below it:
-forwards over cached chains, each row's new K/V written into an open segment the store hands out
-before the forward (ASKS's pre-pass: a buffer reserved first), evicted K/V made resident again
-(recomputed from its nearest cached ancestor, as a prefill), planning a batch (cached prefixes,
-runs several rows share computed once, ASKS), a score row's prompt sealed in place, and turning
-a finished row into its `Generation`. The scheduler holds one; the cache never calls up into it."""
+"""The model work of the local engine's steps: the runner executes a step's plan
+(`treesearch.engine.plan.StepPlan`), which the scheduler made without running the model. Evicted
+K/V the step reads made resident first (recomputed from its nearest cached ancestor, as an
+ordinary uncached prefill into an open segment of its own), ASKS's pre-pass, the prefill parts
+(each written into its row's fill in the store) and the decode step (each row's new K/V written
+into its open segment); every byte they write was allocated while planning. It also seals a
+score row's prompt in place and turns a finished row into its `Generation`. The scheduler holds
+one; the cache never calls up into it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
 from treesearch.backends.protocol import Generation
+from treesearch.cache.attention import BatchKV
 from treesearch.cache.kvstore import Chain, Segment
 from treesearch.cache.manager import CacheManager, Handle, Row
-from treesearch.cache.shared_runs import find_shared_runs
 from treesearch.common.config import RKSCConfig
-from treesearch.common.errors import CacheBudgetError
 from treesearch.common.stats import Stats, distinct
+from treesearch.engine.decoder import decoder_for
 from treesearch.engine.forward import Forward, cut_at_stop
 from treesearch.engine.ledger import SearchLedger
+from treesearch.engine.plan import AsksPass, Part, StepPlan
 from treesearch.engine.running import Call, GenRow
 from treesearch.engine.tokens import TokenMemory
 from treesearch.models.model import LanguageModel
@@ -49,25 +51,6 @@ class Runner:
         self.searches = searches
 
     # -- forwards -------------------------------------------------------------------------------------
-    def prefill_rows(
-        self,
-        chains: list[Chain],
-        news: list[list[int]],
-        starts: list[int],
-        charge: list[Stats],
-        *,
-        held: list[int],
-        **kw: Any,
-    ):
-        """One forward of each row's new tokens over its cached chain (ASKS's pre-pass). Its
-        buffer is counted against the budget first and appended to `held`, which the caller
-        unreserves."""
-        need = len(news) * max(len(t) for t in news) * self.lm.kv_bytes_per_token
-        self.cache.reserve(need)
-        held.append(need)
-        prefixes = [self.cache.prefix(c) for c in chains]
-        return self.forward.prefill(prefixes, news, starts, extra=0, want_logits=False, charge=charge, **kw)
-
     def compute(
         self, chains: list[Chain], news: list[list[int]], starts: list[int], charge: list[Stats]
     ) -> list[torch.Tensor]:
@@ -88,21 +71,95 @@ class Runner:
     def make_resident(self, chain: Chain, charge: Stats | None = None) -> None:
         make_resident(self.cache, self.compute, chain, charge)
 
-    # -- planning a batch -------------------------------------------------------------------------------
-    def plan_rows(self, rows: list[Row]) -> None:
-        """Plan rows admitted together: cached prefixes, shared runs (computed once), ASKS."""
-        if not self.config.shares:
-            return
-        prepare_rows(self.cache, self.compute, rows)
-        if self.config.kv_sharing == "asks":
-            held: list[int] = []
-            try:
-                self.asks.attach(
-                    rows, AsksCache(self), lambda *a, **kw: self.prefill_rows(*a, held=held, **kw)
-                )
-            finally:
-                for n in held:
-                    self.cache.unreserve(n)
+    def recompute(self, plan: StepPlan) -> None:
+        """The evicted parts of every chain the plan reads, made resident (their room was counted
+        when the plan's segments were allocated: `KVStore.open_rows`)."""
+        for chain, charge in plan.reads:
+            self.make_resident(chain, charge)
+
+    def run_asks(self, p: AsksPass) -> None:
+        """ASKS's pre-pass: one forward of each row in `p.order` up to `p.ends` into its open
+        segment, capturing every layer's output; its K/V kept in the tree (sealed in place, else
+        a copy of what fits), then the gate's decisions (`treesearch.policies.asks.Gate.decide`).
+        The rows wait for the next step: each pins the chain it will read there (`Row.held`)."""
+        rows, order, cache = p.rows, p.order, self.cache
+        hidden: list[torch.Tensor] = []
+        news = [rows[i].ids[rows[i].matched : p.ends[i]] for i in order]
+        self.forward.prefill_into(
+            [cache.prefix(rows[i].chain) for i in order],
+            news,
+            [rows[i].matched for i in order],
+            [(s.kv, 0) for s in p.segs],
+            [_stats(rows[i]) for i in order],
+            want_logits=False,
+            capture=hidden,
+        )
+        kvs = [s.kv for s in p.segs]
+        handles = {}
+        for i, seg, new in zip(order, p.segs, news):
+            seg.used = len(new)
+            handles[i] = self.keep(rows[i].ids[: p.ends[i]], rows[i].matched, seg, _stats(rows[i]))
+        self.asks.decide(rows, p.pairs, order, hidden, kvs, handles, cache)
+        before = {i: rows[i].matched for i in order}
+        cache.lookup([rows[i] for i in order])
+        for i in order:
+            r, it = rows[i], p.items[i]
+            ref = None if r.asks_ref is None else p.items[r.asks_ref]
+            it.row.asks_ref = None if ref is None or ref.call is not it.call else ref.index
+            it.row.asks_sigma = r.asks_sigma
+            it.row.prepass = p.ends[i] - before[i]  # computed by the pre-pass, not reused
+            cache.store.pin(r.chain)
+            it.row.held.append(r.chain)
+
+    def keep(self, ids: list[int], start: int, seg: Segment, charge: Stats) -> Handle:
+        """Cache the K/V of ids[start:] that an open segment holds: sealed where it is, else a copy
+        of what fits (the segment closed)."""
+        cache = self.cache
+        end = cache.seal_kv(ids, start, [seg], free_only=False, charge=charge)
+        if end is None:
+            end = cache.store_kv(ids, start, seg.kv[:, :, :, : seg.used], free_only=True, charge=charge)
+            cache.store.close(seg)
+        return end
+
+    def prefill(self, parts: list[Part]) -> torch.Tensor:
+        """The plan's prefill parts in one forward, each written straight into its row's fill
+        after its earlier parts (`Forward.prefill_into`); returns their last logits [B, V]."""
+        cache = self.cache
+        rows = [pt.row for pt in parts]
+        plans: list[Row] = [g.plan for g in rows]  # type: ignore[misc]
+        fills: list[Segment] = [g.fill for g in rows]  # type: ignore[misc]
+        starts = [p.matched + g.filled for g, p in zip(rows, plans)]
+        logits = self.forward.prefill_into(
+            [cache.prefix(p.chain) + g.own_runs() for g, p in zip(rows, plans)],
+            [p.ids[s : s + pt.n] for p, s, pt in zip(plans, starts, parts)],
+            starts,
+            [(f.kv, f.used) for f in fills],
+            [g.stats for g in rows],
+        )
+        for g, f, pt in zip(rows, fills, parts):
+            f.used += pt.n
+            g.filled += pt.n
+        return logits
+
+    def decode(self, rows: list[GenRow]) -> torch.Tensor:
+        """One decode step: each row's last token through one forward over its chain and its own
+        open segments; its new K/V written into its last open segment (the step's one-token
+        buffer is each row's, counted since its admission). Returns the logits [B, V]."""
+        lm, fwd, cache = self.lm, self.forward, self.cache
+        if fwd.decoder is not None and fwd.decoder.stale(lm.model):  # a weight changed in place
+            fwd.decoder = decoder_for(lm.model)
+        batch = BatchKV(lm.num_layers, len(rows), lm.num_kv_heads, lm.head_dim, 1, lm.dtype, lm.device)
+        batch.set_prefixes([cache.prefix(g.pinned) + g.own_runs() for g in rows])
+        logits = fwd.step(
+            batch,
+            [g.gens[-1] for g in rows],
+            [len(g.context) - 1 for g in rows],
+            0,
+            [g.stats for g in rows],
+        )
+        for b, g in enumerate(rows):
+            g.write(batch.k[:, b, :, 0], batch.v[:, b, :, 0])
+        return logits
 
     # -- a row's own K/V in the store ----------------------------------------------------------------------
     def chunk(self, n: int) -> torch.Tensor:
@@ -173,7 +230,7 @@ class Runner:
         self.cache.report_peak(charge)
 
 
-# -- model work the cache plans and the runner's compute does (module functions: tests give them a stand-in)
+# -- recomputation (module functions: tests give them a stand-in for the forward)
 Compute = Callable[
     [list[Chain], list[list[int]], list[int], list[Stats]], list[torch.Tensor]
 ]  # -> K/V per row
@@ -193,77 +250,6 @@ def make_resident(cache: CacheManager, compute: Compute, chain: Chain, charge: S
         cache.store.refill(seg, torch.cat([seg.kv, new], dim=3) if have else new)
 
 
-def hold_rows(cache: CacheManager, compute: Compute, rows: list[Row]) -> None:
-    """Pin the rows' chains for the step and make them resident; a bare row's cut counts as recomputed."""
-    for r in rows:
-        cache.pin(r.chain)
-    for r in rows:
-        make_resident(cache, compute, r.chain, r.stats)
-    for r in rows:
-        (r.stats or cache.stats).recomputed_tokens += r.cut
-
-
-def prepare_rows(cache: CacheManager, compute: Compute, rows: list[Row]) -> None:
-    """Look every row up and compute shared runs once."""
-    for r in rows:
-        r.prepass = 0
-    cache.lookup(rows)
-    share_runs(cache, compute, rows)
-
-
-def share_runs(cache: CacheManager, compute: Compute, rows: list[Row]) -> None:
-    """Compute once the new-token runs that several rows start with (a few-shot template's tail
-    the cache does not hold yet), store them, then look the rows up again. It saves work and is
-    never needed: where the budget has no room for the runs' blocks and their forward's buffer
-    (beside what running rows hold), each row computes its own."""
-    store = cache.store
-    while True:
-        runs = find_shared_runs(rows, cache.share_min_tokens, cache.stats)
-        if not runs:
-            return
-        for run in runs:
-            cache.pin(run.chain)
-        need = sum(store.tokens_bytes(len(run.new)) for run in runs)
-        buffer = len(runs) * max(len(run.new) for run in runs) * store.bytes_per_token  # the forward's
-        if not store.can_hold(need + buffer):  # no room for the shared runs: each row computes its own
-            return
-        try:
-            for run in runs:
-                make_resident(cache, compute, run.chain, run.charge)
-            kvs = compute(
-                [r.chain for r in runs],
-                [r.new for r in runs],
-                [r.start for r in runs],
-                [r.charge for r in runs],
-            )
-        except CacheBudgetError:  # no room after all (making the contexts resident took it)
-            return
-        for kv, run in zip(kvs, runs):
-            cache.insert(run.ids, run.start, kv, charge=run.charge)
-        cache.lookup(rows)
-        for run in runs:  # the row that computed a shared run did not reuse it
-            run.first.prepass += len(run.new)
-
-
-class AsksCache:
-    """The cache as ASKS's pre-pass uses it (`treesearch.policies.asks.Gate.attach`): pins, the
-    free-room test, insert, lookup, and residency that recomputes evicted K/V through the runner."""
-
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
-        self.cache = runner.cache
-
-    def pin(self, chain: Chain) -> None:
-        self.cache.pin(chain)
-
-    def fits_free(self, token_runs: list[int]) -> bool:
-        return self.cache.fits_free(token_runs)
-
-    def insert(self, ids: list[int], start: int, kv: Any, **kw: Any) -> Handle:
-        return self.cache.insert(ids, start, kv, **kw)
-
-    def lookup(self, rows: list[Row]) -> None:
-        self.cache.lookup(rows)
-
-    def ensure_resident(self, chain: Chain, *, charge: Stats | None = None) -> None:
-        self.runner.make_resident(chain, charge)
+def _stats(r: Row) -> Stats:
+    assert r.stats is not None  # the engine's rows always carry their search's Stats
+    return r.stats

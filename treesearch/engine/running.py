@@ -79,7 +79,8 @@ class GenRow:
     reused: bool = False  # its reuse was counted (at its first admission)
     asks_ref: int | None = None
     asks_sigma: float | None = None
-
+    waited: bool = False  # it waited a step for a shared run or ASKS's pre-pass (never again)
+    after: GenRow | None = None  # the row computing the run it shares, until that row's prompt is in
     reused_n: int = 0  # prompt tokens served from the cache at its first admission
 
     @property
@@ -134,6 +135,7 @@ class ScoreRow:
     index: int
     row: Row
     owner: Hashable = None
+    waited: bool = False  # it waited a step for a shared run or ASKS's pre-pass (never again)
 
     @property
     def stats(self) -> Stats:

@@ -7,28 +7,30 @@ step, so a search's next call joins the very next step; a thread waiting for its
 the call's own condition, woken when the call ends (or to run the steps, when the thread running
 them leaves).
 
-One step (under the engine's lock, run by whichever waiting thread finds no step running):
-1. score rows that wait run, grouped by labels and exit rule, in batches that fit the budget;
-2. prefill (chunked, below), at most `step_tokens` uncached prompt tokens a step:
-   the next part of every admitted row whose prompt is not fully in (`filling`), then waiting
-   generate rows admitted in arrival order (preempted rows first) into what is left, up to
-   `max_rows` admitted: each is looked up, its chain pinned and made resident, and its K/V held
-   in the store (its fill, an open segment for its whole uncached context, and its first decode
-   block; its token of the decode step's buffer reserved); `make_room` evicts unread blocks
-   (lowest omega first, or LRU) for it. A row that still does not fit waits for running rows to
-   finish (after a preemption none is admitted until a row leaves). The step's parts run as one
-   forward, each written straight into its row's fill (`Forward.prefill_into`); a row whose
-   prompt is in has its fill sealed into the token tree where it is (`RowMemory.store_prompt`)
-   and samples its first token, so a long prompt is prefilled over several steps, each beside the
-   decode below;
-3. every running row feeds its last token through one decode forward (`Forward.step`) over its
-   chain (its sealed prompt included) and its own open segments, writing its new K/V into the
-   last; a row whose decode chunks are full is first copied into one a block bigger
-   (`RowMemory.regrow`) or, with no room for the copy, opens one more block, and when even that
-   cannot fit, the admitted row
-   (running or filling) of lowest omega (LRU: the latest admitted) is preempted: its K/V freed,
-   requeued first, recomputed when readmitted (lossless: it keeps its tokens and its sampler);
-4. a row that meets EOS, a stop string or max tokens leaves at once (its decode chunks sealed
+One step (under the engine's lock, run by whichever waiting thread finds no step running) is
+decided first, then run: `schedule` makes a `treesearch.engine.plan.StepPlan` and runs no
+forward; every byte the plan's forwards write is allocated from the store while it is made
+(`KVStore.open_rows`, all or none); the runner (`treesearch.engine.runner.Runner`) executes it and
+this class applies what came out.
+1. schedule: every running row whose decode chunks are full grown (`RowMemory.regrow`: copied
+   into one a block bigger; else one more block; when even that cannot fit, the admitted row of
+   lowest omega, LRU: the latest admitted, is preempted: its K/V freed, requeued first,
+   recomputed when readmitted, its tokens and sampler kept); score rows in batches the store has
+   room for (`treesearch.engine.scoring`); waiting generate rows admitted in arrival order
+   (preempted rows first), up to `max_rows` admitted and within `step_tokens` uncached prompt
+   tokens a step: looked up, rows that share a run not yet cached with an earlier row of their
+   batch set aside for a step (the first computes it; ASKS's pre-pass likewise, `defer`), then
+   each held by one allocation (`RowMemory.hold`: its fill, an open segment of its whole
+   uncached context; its first decode block; its token of the decode step's buffer), its chain
+   pinned; a row that does not fit waits for rows to finish (after a preemption none is
+   admitted until a row leaves); then the next part of each filling row (oldest first) and the
+   rows that decode;
+2. run: the evicted parts of every chain the step reads recomputed (ordinary prefill into open
+   segments), ASKS's pre-passes, the score batches (delivered), the prefill parts in one forward,
+   each written straight into its row's fill (a row whose prompt is in has its fill sealed into
+   the token tree where it is, `RowMemory.store_prompt`, and samples its first token), then one
+   decode forward over every running row, each writing its new K/V into its last open segment;
+3. a row that meets EOS, a stop string or max tokens leaves at once (its decode chunks sealed
    in the store where they are, `RowMemory.seal`), and a call returns to its search as soon as
    its last row is done: no barrier over searches.
 Rows carry their own seeds and prompts, so a result never depends on which rows shared a step.
@@ -45,17 +47,17 @@ from typing import Any
 
 import torch
 
-from treesearch.cache.attention import BatchKV
-from treesearch.cache.kvstore import Segment
 from treesearch.cache.manager import Row
+from treesearch.cache.shared_runs import shared_run_followers
 from treesearch.common.errors import CacheBudgetError, SearchCancelled
-from treesearch.engine.decoder import decoder_for
 from treesearch.engine.door import Door
 from treesearch.engine.forward import sample
 from treesearch.engine.memory import RowMemory
+from treesearch.engine.plan import AsksPass, Part, StepPlan
 from treesearch.engine.runner import Runner
 from treesearch.engine.running import Call, GenRow, ScoreRow
-from treesearch.engine.scoring import run_scores
+from treesearch.engine.scoring import deliver, plan_scores, run_batch
+from treesearch.policies.asks import plan_pass
 
 
 class Scheduler:
@@ -75,6 +77,7 @@ class Scheduler:
         self.backoff = False  # a row was preempted: admit none while rows run, until one leaves
         self.running: list[GenRow] = []
         self.memory = RowMemory(runner)
+        self.plan = StepPlan()  # the step being decided and run (`schedule`)
         self._busy = False
         self._order = itertools.count()
         self.on_step: Callable[[], None] | None = None  # called after every step (tests check invariants)
@@ -180,51 +183,103 @@ class Scheduler:
                     self._drop(call)
                     self._wake(call)
 
-    # -- one step -------------------------------------------------------------------------------------
+    # -- one step: schedule (a plan, no forward), run it, apply what came out ---------------------------
     def _step(self) -> None:
         cache = self.cache
         ready = self.rows_held() + len(self.gen_wait)
-        charge = None
+        first = self.score_wait[:1] or self.filling[:1] or list(itertools.islice(self.gen_wait, 1))
+        charge = (first or self.running[:1] or [None])[0]
+        plan = self.plan = StepPlan()
         try:
-            if self.score_wait:
-                charge = self.score_wait[0].stats
-                run_scores(self)
-            if self.gen_wait or self.filling:
-                charge = charge or (self.filling or self.gen_wait)[0].stats
-                self._fill()
-            if self.running:
-                charge = charge or self.running[0].stats
-                self._decode(ready)
+            self.schedule()
+            self._run(plan, ready)
         finally:
-            cache.end_call(charge)
+            self._close(plan)
+            cache.end_call(None if charge is None else charge.stats)
             self.steps += 1
         if self.on_step is not None:
             self.on_step()
         self._check_rows()
 
-    def _fill(self) -> None:
-        """Admit and prefill (a part of each long prompt, below); rows whose prompt is in join the
-        running rows, fresh ones with their first token."""
+    def schedule(self) -> StepPlan:
+        """Decide the step into `self.plan`, running no forward: every running row whose decode
+        chunks are full grown (or others preempted for it); score batches the store has room for;
+        waiting generate rows admitted (one allocation each: their own K/V and their token of the
+        decode step) within `step_tokens` and `max_rows`; the prefill parts; the rows that decode
+        (the running ones and those whose prompts come in now)."""
+        plan = self.plan
+        for g in sorted(self.running, key=self.memory.rank, reverse=True):  # the most valuable grows first
+            if g in self.running and g.room() == 0:
+                self._grow(g)  # first: every later allocation counts the room the step's reads take back
+        if self.score_wait:
+            plan_scores(self, plan)
         left = self.step_tokens - sum(g.todo() for g in self.filling)
         if self.gen_wait and left > 0 and not (self.backoff and self.running):
             self._admit(left)  # after a preemption, rows wait for a running row to finish (no thrash)
-        done, fresh, logits = self._prefill_parts()
-        self.running.extend(done)
-        if fresh:
-            assert logits is not None
-            self._sample(fresh, logits)
+        left = self.step_tokens
+        plan.decode = list(self.running)
+        for g in self.filling:  # the oldest first
+            if left <= 0:
+                break
+            n = min(g.todo(), left)
+            plan.parts.append(Part(g, n))
+            left -= n
+            if n == g.todo():
+                plan.decode.append(g)  # its prompt comes in: it decodes in this step too
+        went = {id(it) for b in plan.scores for it in b.items} | {id(g) for g in self.filling}
+        for row, first in plan.followers:  # waited for a run only if its first row computes it now
+            row.waited = id(first) in went
+            if row.waited and isinstance(row, GenRow):
+                row.after = first  # and waits until its prompt is in (`_admit`)
+        return plan
 
-    # -- admission and chunked prefill ---------------------------------------------------------------
+    def _run(self, plan: StepPlan, ready: int) -> None:
+        """Run the plan (`Runner`) and apply its results: the chains it reads made resident, ASKS's
+        pre-passes, the score batches (delivered), the prefill parts (prompts that come in sealed
+        and their first tokens sampled), the decode step (its tokens sampled; rows that end leave)."""
+        run = self.runner
+        run.recompute(plan)
+        for p in plan.asks:
+            run.run_asks(p)
+        for batch in plan.scores:
+            per, tails = run_batch(run, batch)
+            deliver(self, batch, per, tails)
+        if plan.parts:
+            self._prompts_in(plan.parts, run.prefill(plan.parts))
+        rows = [g for g in plan.decode if g in self.running]  # not those that ended at their first token
+        if rows:
+            logits = run.decode(rows)
+            self.decode_steps += 1
+            self.decode_rows += len(rows)
+            self.short_steps += len(rows) < min(ready, self.max_rows)
+            self._sample(rows, logits)
+
+    def _close(self, plan: StepPlan) -> None:
+        """After the step: segments of the plan's score batches and pre-passes that are still open
+        (a forward that raised) go back to the store."""
+        store = self.cache.store
+        segs = [s for b in plan.scores for s in [*b.segs, b.tails] if s is not None]
+        for seg in segs + [s for p in plan.asks for s in p.segs]:
+            if seg.id in store.open_segments:
+                store.close(seg)
+
+    # -- admission (planning) -----------------------------------------------------------------------
     def _admit(self, left: int) -> None:
         """Waiting rows, in order, while `left` prompt tokens remain this step and `max_rows` allow:
-        planned together (`Runner.plan_rows`), then held one by one (`RowMemory.hold`) until one does
-        not fit; they join `filling`. A row that cannot fit with nothing else holding K/V
-        (`_hold_alone`) lets go of planning's pins, then runs without its cached prefix (bare), or,
-        if even that cannot fit, fails its call."""
+        looked up together, those that wait a step set aside (`defer`), then held one by one
+        (`RowMemory.hold`: one allocation) until one does not fit; they join `filling`. A row that
+        cannot fit with nothing else holding K/V runs without its cached prefix (bare), or, if
+        even that cannot fit, fails its call."""
+        plan = self.plan
+        popped: list[GenRow] = []  # off the queue, in order: those not admitted go back
         picked: list[GenRow] = []
         est = 0
         while self.gen_wait and est < left and self.rows_held() + len(picked) < self.max_rows:
             g = self.gen_wait.popleft()
+            popped.append(g)
+            if g.after is not None and g.after in self.filling:
+                continue  # the row computing the run it shares is still prefilling it
+            g.after = None
             est += len(g.context) - (1 if g.gens else 0) - g.row.matched  # uncached when it was submitted
             picked.append(g)
         plans = []
@@ -232,89 +287,104 @@ class Scheduler:
             ids = g.row.ids + g.gens[:-1]  # a resumed row computes its fed tokens again
             keep = g.row.must_store and not g.gens
             plans.append(Row(ids=ids, stats=g.stats, search=g.row.search, must_store=keep))
-            plans[-1].bare = g.row.bare
-        no_room: CacheBudgetError | None = None
-        try:
-            self.runner.plan_rows(plans)
-        except CacheBudgetError as exc:  # planning's own forwards (ASKS) found no room: all wait
-            no_room = exc
+            plans[-1].bare, plans[-1].prepass = g.row.bare, g.row.prepass
+        waits: set[int] = set()
+        if self.runner.config.shares:
+            self.cache.lookup(plans)
+            waits = set(self.defer(plan, picked, plans))
         admitted: list[GenRow] = []
-        for g, p in zip(picked, plans):
-            if left <= 0 or no_room is not None:
-                break
-            ok = self.memory.hold(g, p)
-            if not ok and not admitted and not self.rows_held():
+        failed: GenRow | None = None
+        for k, (g, p) in enumerate(zip(picked, plans)):
+            if k in waits or failed is not None or left <= 0:
+                continue
+            ok = self.memory.hold(g, p, plan.chains())
+            if not ok and not admitted and not self.rows_held() and not plan.holds():
                 ok = self._hold_alone(g, p)
             if not ok:
-                break
+                failed = g
+                continue
             left -= len(p.ids) - p.matched
+            plan.reads.append((p.chain, g.stats))
+            self.let_go(g.row)
             g.order = self.next_order()
             g.stats.recomputed_tokens += p.cut
             if not g.reused:
-                g.asks_sigma = p.asks_sigma
-                ref = None if p.asks_ref is None else picked[p.asks_ref]
-                g.asks_ref = None if ref is None or ref.call is not g.call else ref.index
+                g.asks_sigma, g.asks_ref = g.row.asks_sigma, g.row.asks_ref
             admitted.append(g)
-        for g in reversed(picked[len(admitted) :]):
+        for g in reversed([g for g in popped if g not in admitted]):
             self.gen_wait.appendleft(g)
-        if not admitted and picked and not self.rows_held():  # nothing holds room that could free: never fits
-            self.fail_call(picked[0].call, no_room or self.memory.no_room(picked[0]))
+        if failed is not None and not admitted and not self.rows_held() and not plan.holds():
+            self.fail_call(failed.call, self.memory.no_room(failed))  # nothing holds room that could free
         self.filling.extend(admitted)
 
     def _hold_alone(self, g: GenRow, p: Row) -> bool:
-        """The first row to admit did not fit, and no admitted row holds K/V: before its call fails,
-        let go of what planning pinned for this step (the shared runs it stored, which no row holds
-        yet: they may be evicted and recomputed), then, with sharing on, try the row without its
-        cached prefix (bare: too little room for that context and its buffer)."""
-        self.cache.end_call(g.stats)
-        if self.memory.hold(g, p):
-            return True
+        """The first row to admit did not fit, and nothing holds K/V: with sharing on, try it
+        without its cached prefix (bare: too little room for that context and its own K/V)."""
         if not self.runner.config.shares or p.bare:
             return False
         p.bare, g.row.bare = True, True
         self.cache.lookup([p])
-        return bool(self.memory.hold(g, p))
+        return self.memory.hold(g, p, self.plan.chains())
 
-    def _prefill_parts(self) -> tuple[list[GenRow], list[GenRow], torch.Tensor | None]:
-        """One forward: the next part of each filling row (oldest first) within `step_tokens`,
-        each written straight into the row's fill after its earlier parts (`Forward.prefill_into`;
-        the fill's bytes were held at admission, so a part needs no room); then the rows whose
-        prompt is fully in. Returns (rows whose prompt is now in, those of them that sample a
-        first token, their logits)."""
-        cache = self.cache
-        left = self.step_tokens
-        rows: list[GenRow] = []
-        parts: list[int] = []
-        for g in self.filling:
-            if left <= 0:
-                break
-            n = min(g.todo(), left)
-            rows.append(g)
-            parts.append(n)
-            left -= n
-        if not rows:
-            return [], [], None
-        plans: list[Row] = [g.plan for g in rows]  # type: ignore[misc]
-        fills: list[Segment] = [g.fill for g in rows]  # type: ignore[misc]
-        starts = [p.matched + g.filled for g, p in zip(rows, plans)]
-        logits = self.runner.forward.prefill_into(
-            [cache.prefix(p.chain) + g.own_runs() for g, p in zip(rows, plans)],
-            [p.ids[s : s + n] for p, s, n in zip(plans, starts, parts)],
-            starts,
-            [(f.kv, f.used) for f in fills],
-            [g.stats for g in rows],
-        )
+    def defer(self, plan: StepPlan, items: list, rows: list[Row]) -> list[int]:
+        """Looked-up rows of one batch (generate or score) that wait a step: those that start with a
+        run not yet cached that an earlier row of the batch starts with (that row computes it as
+        part of its own prompt; they find it cached at the next step), and, under ASKS, those its
+        pre-pass computes now (`_plan_asks`). A row waits once at most (for a run: once its first
+        row was admitted or scored in that step, `schedule`; a generate row then until that row's
+        prompt is in, `GenRow.after`)."""
+        lead = shared_run_followers(rows, self.cache.share_min_tokens)
+        waits = [k for k in lead if not items[k].waited]
+        plan.followers += [(items[k], items[lead[k]]) for k in waits]
+        if self.runner.config.kv_sharing == "asks":
+            rest = [k for k in range(len(items)) if k not in waits and not items[k].waited]
+            passed = self._plan_asks(plan, [items[k] for k in rest], [rows[k] for k in rest])
+            waits += [rest[j] for j in passed]
+            for k in passed:
+                items[rest[k]].waited = True
+        return sorted(waits)
+
+    def _plan_asks(self, plan: StepPlan, items: list, rows: list[Row]) -> list[int]:
+        """ASKS's pre-pass over these rows (`treesearch.policies.asks.plan_pass`), each row's part an
+        open segment from the store, all or none (none: no gate this step, exact only). Returns the
+        rows it computes: they wait for the next step."""
+        got = plan_pass(rows)
+        if got is None:
+            return []
+        pairs, order, ends = got
+        chains = [rows[i].chain for i in order]
+        sizes = [ends[i] - rows[i].matched for i in order]
+        segs = self.cache.store.open_rows(sizes, self.runner.chunk, [*plan.chains(), *chains])
+        if segs is None:
+            return []
+        for i in order:
+            self.cache.pin(rows[i].chain)
+            plan.reads.append((rows[i].chain, rows[i].stats))
+        plan.asks.append(AsksPass(items, rows, pairs, order, ends, segs))
+        return list(order)
+
+    def let_go(self, row: Row) -> None:
+        """A row no longer waits: the chains pinned for it across a step (`Row.held`) are let go."""
+        for chain in row.held:
+            self.cache.store.unpin(chain)
+        row.held = []
+
+    # -- the update: prompts in, tokens sampled ----------------------------------------------------------
+    def _prompts_in(self, parts: list[Part], logits: torch.Tensor) -> None:
+        """After the prefill forward: rows whose prompt is fully in join the running rows (their
+        fills sealed in the tree), fresh ones with their first token sampled."""
         done, fresh = [], []
-        for b, (g, f, n) in enumerate(zip(rows, fills, parts)):
-            f.used += n
-            g.filled += n
+        for b, pt in enumerate(parts):
+            g = pt.row
             if g.todo() == 0:
                 done.append(g)
                 if self._prompt_in(g):
                     fresh.append(b)
         for g in done:
             self.filling.remove(g)
-        return done, [rows[b] for b in fresh], logits[fresh] if fresh else logits[:0]
+        self.running.extend(done)
+        if fresh:
+            self._sample([parts[b].row for b in fresh], logits[fresh])
 
     def _prompt_in(self, g: GenRow) -> bool:
         """A row's context is fully prefilled: count its reuse (first admission) or its recomputation
@@ -333,34 +403,6 @@ class Scheduler:
         if shares:
             g.handle = self.memory.store_prompt(g)
         return True
-
-    def _decode(self, ready: int) -> None:
-        run, cache = self.runner, self.cache
-        for g in sorted(self.running, key=self.memory.rank, reverse=True):  # the most valuable grows first
-            if g in self.running and g.room() == 0:
-                self._grow(g)
-        rows = list(self.running)  # the step's buffer, a token a row, was reserved at admission
-        if not rows:
-            return
-        lm = run.lm
-        fwd = run.forward
-        if fwd.decoder is not None and fwd.decoder.stale(lm.model):  # a weight changed in place
-            fwd.decoder = decoder_for(lm.model)
-        batch = BatchKV(lm.num_layers, len(rows), lm.num_kv_heads, lm.head_dim, 1, lm.dtype, lm.device)
-        batch.set_prefixes([cache.prefix(g.pinned) + g.own_runs() for g in rows])
-        logits = fwd.step(
-            batch,
-            [g.gens[-1] for g in rows],
-            [len(g.context) - 1 for g in rows],
-            0,
-            [g.stats for g in rows],
-        )
-        for b, g in enumerate(rows):
-            g.write(batch.k[:, b, :, 0], batch.v[:, b, :, 0])
-        self.decode_steps += 1
-        self.decode_rows += len(rows)
-        self.short_steps += len(rows) < min(ready, self.max_rows)
-        self._sample(rows, logits)
 
     def _sample(self, rows: list[GenRow], logits: torch.Tensor) -> None:
         """Each row's next token from its own generator; rows that end leave at once."""
@@ -418,6 +460,7 @@ class Scheduler:
             g.stats.recomputed_tokens += g.filled
         self._free(g)
         self.backoff = True
+        self.plan.preempted.append(g)
         g.plan = None
         g.stats.preemptions += 1
         self.gen_wait.appendleft(g)
@@ -452,6 +495,9 @@ class Scheduler:
     def _drop(self, call: Call) -> None:
         for g in [g for g in [*self.running, *self.filling] if g.call is call]:
             self._free(g)
+        mine = [g.row for g in self.gen_wait if g.call is call]
+        for row in mine + [it.row for it in self.score_wait if it.call is call]:
+            self.let_go(row)
         self.gen_wait = deque(g for g in self.gen_wait if g.call is not call)
         self.score_wait = [it for it in self.score_wait if it.call is not call]
 

@@ -24,11 +24,13 @@ take the exact path (prefix lookup) first.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+
+from treesearch.common.errors import CacheBudgetError
 
 
 @dataclass(frozen=True)
@@ -126,14 +128,25 @@ def pooled(hidden: Sequence[torch.Tensor], row: int, lo: int, hi: int) -> torch.
 
 
 class PrefixCache(Protocol):
-    """What the pre-pass needs of the cache (the local engine hands its
-    `treesearch.engine.runner.AsksCache`): pins for the call, residency, free room, insert, lookup."""
+    """What the gate needs of the cache after the pre-pass (the local engine hands its
+    `treesearch.cache.manager.CacheManager`): insert an attached row's K/V after its context."""
 
-    def pin(self, chain: list) -> None: ...
-    def ensure_resident(self, chain: list, *, charge: Any = None) -> None: ...
-    def fits_free(self, token_runs: list[int]) -> bool: ...
-    def insert(self, ids: list[int], start: int, kv: Any, **kw: Any) -> Any: ...
-    def lookup(self, rows: list) -> None: ...
+    def insert(self, ids: list[int], start: int, kv: Any, *, charge: Any = None) -> Any: ...
+
+
+def plan_pass(rows: list) -> tuple[list[Pair], list[int], dict[int, int]] | None:
+    """Which rows of a batch the pre-pass computes, and how far: (pairs, order, ends), order the
+    references then the candidates, each row i computed from its cached prefix up to ends[i] (a
+    reference up to its last token, a candidate up to its common suffix); None when no row
+    pairs. rows: `treesearch.cache.manager.Row`s already looked up. Planning only: the engine
+    runs the pass (one forward capturing every layer's output) and then calls `Gate.decide`."""
+    pairs = pair_rows([r.ids for r in rows], [r.matched for r in rows], groups=[r.search for r in rows])
+    if not pairs:
+        return None
+    cand = {p.row: p for p in pairs}
+    order = sorted({p.ref for p in pairs}) + sorted(cand)
+    ends = {i: len(rows[i].ids) - (cand[i].suffix if i in cand else 1) for i in order}
+    return pairs, order, ends
 
 
 class Gate:
@@ -146,42 +159,23 @@ class Gate:
         self.log: list[dict] = []
         self.refs: dict[int, int] = {}
 
-    def attach(self, rows: list, cache: PrefixCache, prefill: Callable[..., Any]) -> None:
-        """One pre-pass computes each reference row up to its last token and each candidate row up
-        to its common suffix, capturing hidden states; candidates whose gate opens take the
-        reference's K/V for the suffix (all but the last token). rows: `treesearch.cache.manager.Row`s
-        already looked up (each counted in its row's stats); cache: their cache (`PrefixCache`);
-        prefill(chains, news, starts, charge, capture=list) -> (batch, _) runs the model."""
-        pairs = pair_rows([r.ids for r in rows], [r.matched for r in rows], groups=[r.search for r in rows])
-        if not pairs:
-            return
-        cand = {p.row: p for p in pairs}
-        order = sorted({p.ref for p in pairs}) + sorted(cand)
-        ends = {i: len(rows[i].ids) - (cand[i].suffix if i in cand else 1) for i in order}
-        for i in order:
-            cache.pin(rows[i].chain)
-        for i in order:
-            cache.ensure_resident(rows[i].chain, charge=rows[i].stats)
-        if not cache.fits_free([ends[i] - rows[i].matched for i in order]):
-            return  # no free room for the pre-pass: no gate this call (exact only)
-        hidden: list[torch.Tensor] = []
-        batch, _ = prefill(
-            [rows[i].chain for i in order],
-            [rows[i].ids[rows[i].matched : ends[i]] for i in order],
-            [rows[i].matched for i in order],
-            [rows[i].stats for i in order],
-            capture=hidden,
-        )
+    def decide(
+        self,
+        rows: list,
+        pairs: list[Pair],
+        order: list[int],
+        hidden: Sequence[torch.Tensor],
+        kvs: Sequence[torch.Tensor],
+        handles: dict[int, Any],
+        cache: PrefixCache,
+    ) -> None:
+        """After the pre-pass (`plan_pass`): hidden, each layer's output [B, n, hidden] over the
+        rows in `order`; kvs, their K/V [L, 2, Hkv, n, d] from their cached prefixes; handles,
+        where each row's pre-pass context ends in the cache. A candidate whose gate opens takes
+        the reference's K/V for its suffix (all but the last token), inserted after its own
+        context; one whose context the cache could not keep resident, or for whose suffix it has
+        no room, computes its own (not attached)."""
         at = {i: b for b, i in enumerate(order)}
-        handles = {
-            i: cache.insert(
-                rows[i].ids[: ends[i]],
-                rows[i].matched,
-                batch.row_kv(at[i], 0, ends[i] - rows[i].matched),
-                charge=rows[i].stats,
-            )
-            for i in order
-        }
         for p in pairs:
             r, f = rows[p.row], rows[p.ref]
             lo, hi = p.span(len(r.ids))
@@ -191,6 +185,15 @@ class Gate:
             r.asks_sigma = sigma_from_cosines(cos, self.alpha)
             n = len(r.ids)
             attach = r.asks_sigma >= self.tau
+            end = None
+            own, used = handles[p.row]
+            if attach and own.resident_len >= used:
+                kv = kvs[at[p.ref]][:, :, :, hi - f.matched : n - 1 - f.matched]
+                try:
+                    end = cache.insert(r.ids[: n - 1], hi, kv, charge=r.stats)
+                except CacheBudgetError:
+                    end = None
+            attach = end is not None
             self.log.append(
                 {
                     "sigma": r.asks_sigma,
@@ -201,16 +204,9 @@ class Gate:
                     "ref": p.ref,
                 }
             )
-            if not attach:
+            if end is None:
                 continue
-            end = cache.insert(
-                r.ids[: n - 1], hi, batch.row_kv(at[p.ref], hi - f.matched, n - 1 - f.matched), charge=r.stats
-            )
             self.refs[end[0].id] = handles[p.ref][0].id
             r.asks_ref = p.ref
             r.stats.asks_attached += 1
             r.stats.asks_extra_reused += n - 1 - hi
-        before = {i: rows[i].matched for i in order}
-        cache.lookup(rows)
-        for i in order:  # the pre-pass's tokens now look cached: they were computed, not reused
-            rows[i].prepass += ends[i] - before[i]
