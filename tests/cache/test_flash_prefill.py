@@ -84,15 +84,19 @@ def _attend(flash: bool, seed: int, heads: int, hkv: int, lens: list[int], write
     return kv.attend(0, q, k, v, 1 / math.sqrt(d)), kv._flash
 
 
-@NEEDS_KERNEL
-@settings(max_examples=40, deadline=None)
-@given(
+# chunks of a few rows over 0-2 cached runs, starting at the buffer's start or past it
+CHUNKS = dict(
     seed=st.integers(0, 2**16),
     groups=st.sampled_from([(2, 2), (4, 2), (6, 2), (4, 1)]),
     lens=st.lists(st.integers(1, 9), min_size=1, max_size=3),
     write=st.sampled_from([0, 0, 5]),
     runs=st.integers(0, 2),
 )
+
+
+@NEEDS_KERNEL
+@settings(max_examples=40, deadline=None)
+@given(**CHUNKS)
 def test_the_flash_kernel_equals_the_matmul_path(seed, groups, lens, write, runs):
     """Outputs at the valid query positions agree within 1e-5, with or without cached runs."""
     if max(lens) < 2:
@@ -107,13 +111,7 @@ def test_the_flash_kernel_equals_the_matmul_path(seed, groups, lens, write, runs
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    seed=st.integers(0, 2**16),
-    groups=st.sampled_from([(2, 2), (4, 2), (6, 2), (4, 1)]),
-    lens=st.lists(st.integers(1, 9), min_size=1, max_size=3),
-    write=st.sampled_from([0, 0, 5]),
-    runs=st.integers(0, 2),
-)
+@given(**CHUNKS)
 def test_the_compiled_kernel_equals_the_matmul_path(seed, groups, lens, write, runs):
     """The default chunk attention (`attention.KERNEL`): within 1e-5 of the matmul path at the
     valid query positions, 0 at the padding ones, with or without cached runs."""
